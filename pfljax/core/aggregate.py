@@ -1,0 +1,71 @@
+"""Server-side aggregation over stacked client pytrees ([C, ...] leaves).
+
+Three shapes of "who averages with whom", each one einsum or weighted sum:
+- `weighted_mean`: one average over the participating clients (FedAvg);
+- `unit_masked_mean`: per hidden unit, shared units averaged and personalized
+  units kept per client (FedFac, FedPer-like splits);
+- `mix`: a mixing matrix A [C_out, C_in] (pFedLA per layer, Factorized-FL,
+  FedFomo, FedeRiCo posteriors).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+
+def normalized_weights(weights: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """weights [C] * mask [C], divided by their sum (all zeros if nothing is left)."""
+    w = weights.astype(jnp.float32)
+    if mask is not None:
+        w = w * mask.astype(jnp.float32)
+    total = jnp.sum(w)
+    return jnp.where(total > 0, w / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def weighted_mean(stacked: PyTree, weights: jax.Array, mask: jax.Array | None = None) -> PyTree:
+    """sum_c w_c x_c / sum_c w_c over clients with mask[c] (leaves [C, ...] -> [...])."""
+    w = normalized_weights(weights, mask)
+    return jax.tree.map(lambda x: jnp.tensordot(w, x.astype(jnp.float32), axes=1).astype(x.dtype), stacked)
+
+
+def server_step(global_tree: PyTree, target: PyTree, server_lr: float) -> PyTree:
+    """global + server_lr * (target - global): server learning rate on the mean update."""
+    return jax.tree.map(lambda g, t: g + server_lr * (t - g), global_tree, target)
+
+
+def mix(matrix: jax.Array, stacked: PyTree) -> PyTree:
+    """Personalized averages: out[i] = sum_j A[i, j] x[j]; A [C_out, C_in]."""
+    return jax.tree.map(lambda x: jnp.einsum("ij,j...->i...", matrix, x), stacked)
+
+
+def unit_masked_mean(
+    stacked: jax.Array,
+    shared: jax.Array,
+    weights: jax.Array,
+    mask: jax.Array | None = None,
+    unit_axis: int = -1,
+) -> jax.Array:
+    """Averages the shared units of one leaf, keeps personalized ones per client.
+
+    Args:
+      stacked: [C, ...] one leaf (e.g. a kernel [C, fan_in, units]).
+      shared: [units] bool, along `unit_axis` of the per-client leaf.
+      weights: [C] aggregation weights (e.g. sample counts).
+      mask: [C] participating clients; non-participants keep their rows.
+
+    Returns:
+      [C, ...]: shared units replaced by the weighted mean over participants
+      (for participants only), personalized units unchanged.
+    """
+    mean = weighted_mean(stacked, weights, mask)
+    axis = unit_axis % (stacked.ndim - 1)
+    shape = [1] * (stacked.ndim - 1)
+    shape[axis] = shared.shape[0]
+    unit = shared.reshape(shape)[None]
+    take = unit if mask is None else unit & mask.reshape((-1,) + (1,) * (stacked.ndim - 1))
+    return jnp.where(take, mean[None], stacked)

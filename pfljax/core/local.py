@@ -1,0 +1,169 @@
+"""Local training of ONE client: a lax.scan over optimizer steps.
+
+Minibatches are sampled inside jit from the client's own rows: every epoch is a
+fresh random permutation of its `count` real rows (padding never sampled), cut
+into ceil(count / B) batches, the last one partial (its missing slots carry
+weight 0). Two schedules:
+
+- `steps=S`: every client takes S steps, cycling through epochs;
+- `epochs=E`: client c takes E * ceil(count_c / B) steps; the scan runs the
+  static maximum E * ceil(n_max / B) and later steps are no-ops (skipped, not
+  zero-gradient steps, so momentum and weight decay do not move either).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from pfljax.core.losses import Loss, get_loss, masked_mean
+from pfljax.core.types import ClientArrays
+
+Params = Any
+
+
+class LocalTraining(NamedTuple):
+    """Hyperparameters of local training, shared by every algorithm.
+
+    Attributes:
+      optimizer: optax transformation for client updates.
+      batch_size: minibatch size B.
+      steps: local steps per round (exclusive with epochs).
+      epochs: local epochs per round (exclusive with steps; if neither is
+        given, one epoch).
+      loss: "cross_entropy" (classification) or "mse" (regression), or a Loss.
+    """
+
+    optimizer: optax.GradientTransformation
+    batch_size: int = 32
+    steps: int | None = None
+    epochs: int | None = None
+    loss: str | Loss = "cross_entropy"
+
+    def validate(self) -> LocalTraining:
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError(
+                f"give exactly one of local steps or local epochs, got steps={self.steps}, "
+                f"epochs={self.epochs}"
+            )
+        if self.steps is None and self.epochs is None:
+            return self._replace(epochs=1).validate()
+        for name in ("steps", "epochs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"local {name} must be >= 1, got {value}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        get_loss(self.loss)
+        return self
+
+
+class LocalResult(NamedTuple):
+    """params: trained variables; opt_state: final optimizer state; loss: mean batch loss."""
+
+    params: Params
+    opt_state: Any
+    loss: jax.Array
+
+
+def epoch_order(key: jax.Array, epoch: jax.Array, count: jax.Array, n_max: int, batch_size: int) -> jax.Array:
+    """Row order of one epoch [n_max + B]: its first `count` entries are a random
+    permutation of the real rows; the B trailing entries pad the last batch."""
+    noise = jax.random.uniform(jax.random.fold_in(key, epoch), (n_max,))
+    perm = jnp.argsort(jnp.where(jnp.arange(n_max) < count, noise, 2.0))
+    return jnp.concatenate([perm, jnp.zeros((batch_size,), perm.dtype)])
+
+
+def batch_rows(order: jax.Array, j: jax.Array, count: jax.Array, batch_size: int):
+    """Rows [B] of batch j of an epoch order, and their weights (0 past `count`)."""
+    rows = jax.lax.dynamic_slice_in_dim(order, j * batch_size, batch_size)
+    weights = (j * batch_size + jnp.arange(batch_size) < count).astype(jnp.float32)
+    return rows, weights
+
+
+def num_scan_steps(spec: LocalTraining, n_max: int) -> int:
+    """Static length of the local scan for clients padded to n_max rows."""
+    spec = spec.validate()
+    if spec.steps is not None:
+        return spec.steps
+    return spec.epochs * max(-(-n_max // spec.batch_size), 1)
+
+
+def make_local_train(
+    apply_fn: Callable,
+    spec: LocalTraining,
+    *,
+    prox_mu: float = 0.0,
+    regularizer: Callable[[Params], jax.Array] | None = None,
+) -> Callable[..., LocalResult]:
+    """Builds `train(variables, data, key, anchor=None, opt_state=None) -> LocalResult`.
+
+    Args:
+      apply_fn: model apply, (variables, x, train) -> (out, updates).
+      spec: LocalTraining hyperparameters.
+      prox_mu: FedProx proximal weight: adds prox_mu / 2 * ||p - anchor||^2 over
+        the "params" collection (anchor defaults to the starting variables).
+      regularizer: extra loss term on the "params" collection (e.g. an L1 penalty).
+
+    The returned `train` works on ONE client: data is a ClientArrays whose
+    leaves have no client axis (x [n_max, ...], y [n_max], count []).
+    """
+    spec = spec.validate()
+    loss_obj = get_loss(spec.loss)
+    optimizer, batch_size = spec.optimizer, spec.batch_size
+
+    def objective(params, rest, anchor, xb, yb, wb):
+        out, updates = apply_fn({**rest, "params": params}, xb, train=True)
+        loss = masked_mean(loss_obj.per_example(out, yb), wb)
+        total = loss
+        if prox_mu:
+            sq = jax.tree.map(lambda p, a: jnp.sum((p - a) ** 2), params, anchor)
+            total = total + 0.5 * prox_mu * sum(jax.tree.leaves(sq))
+        if regularizer is not None:
+            total = total + regularizer(params)
+        return total, (loss, updates)
+
+    grad_fn = jax.grad(objective, has_aux=True)
+
+    def train(variables, data: ClientArrays, key, anchor=None, opt_state=None) -> LocalResult:
+        n_max = data.x.shape[0]
+        steps = num_scan_steps(spec, n_max)
+        per_epoch = jnp.maximum((data.count + batch_size - 1) // batch_size, 1)
+        params = variables["params"]
+        rest = {k: v for k, v in variables.items() if k != "params"}
+        anchor_params = params if anchor is None else anchor["params"]
+        if opt_state is None:
+            opt_state = optimizer.init(params)
+
+        def step(carry, s):
+            params, rest, opt_state, order = carry
+            epoch, j = s // per_epoch, s % per_epoch
+            # A new epoch order only at epoch starts (a real branch under lax.map).
+            order = jax.lax.cond(
+                (j == 0) & (s > 0),
+                lambda: epoch_order(key, epoch, data.count, n_max, batch_size),
+                lambda: order,
+            )
+            rows, weights = batch_rows(order, j, data.count, batch_size)
+            xb, yb = data.x[rows], data.y[rows]
+            grads, (loss, updates) = grad_fn(params, rest, anchor_params, xb, yb, weights)
+            upd, new_opt = optimizer.update(grads, opt_state, params)
+            new = (optax.apply_updates(params, upd), {**rest, **updates}, new_opt)
+            active = data.count > 0
+            if spec.epochs is not None:
+                active &= epoch < spec.epochs
+            kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, (params, rest, opt_state))
+            return (*kept, order), (loss * active, active)
+
+        order0 = epoch_order(key, 0, data.count, n_max, batch_size)
+        (params, rest, opt_state, _), (losses, active) = jax.lax.scan(
+            step, (params, rest, opt_state, order0), jnp.arange(steps)
+        )
+        mean_loss = jnp.sum(losses) / jnp.maximum(jnp.sum(active), 1)
+        return LocalResult({**rest, "params": params}, opt_state, mean_loss)
+
+    return train

@@ -1,0 +1,347 @@
+"""Federated data: a source, partitioned among clients, as padded client arrays.
+
+`build_federated_data` turns a source (see `sources`) into `FederatedData`:
+
+* Pooled sources (Fashion-MNIST, TFDS): the source's train and test splits are
+  pooled, partitioned among clients (`partition`), optionally capped
+  (`samples_per_client`, class-stratified), then each client's share is split
+  into train/test with `test_fraction`, stratified by label.
+* Per-client sources (the FedFac simulation, a later "sine"): the data are
+  already per client; only `partition="iid"` is accepted and means "keep the
+  generator's clients" (the partition arguments are ignored); the cap and the
+  stratified train/test split apply as above.
+
+Labels may then be transformed per client: with `partition="groups"` and
+`group_relabel=True` each group's classes are relabelled 0..k-1 (k = K // G,
+in ascending order of the original class ids), so one global model meets
+conflicting labels across groups; `permute_labels` applies a permutation per
+client or per group on top of any partition (`partition.label_maps`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from pfljax.core.types import ClientArrays, ClientData
+from pfljax.data import partition as part
+from pfljax.data import sources
+
+PARTITIONS = ("iid", "dirichlet", "shards", "classes", "dominant", "groups")
+
+
+class FederatedData(NamedTuple):
+    """Client data ready for an Algorithm, plus what describes it.
+
+    Attributes:
+      data: ClientData of jax arrays: x float32 [C, n_max, *input_shape], y
+        int32 [C, n_max], count int32 [C]; rows >= count are zero.
+      num_classes: number of labels the model must output.
+      input_shape: shape of one input, e.g. (28, 28, 1).
+      summary: JSON-serializable description (per-client counts, classes,
+        groups, label maps; totals).
+      truth: generator parameters of a simulated source, else None.
+      task: "classification".
+    """
+
+    data: ClientData
+    num_classes: int
+    input_shape: tuple
+    summary: dict
+    truth: dict[str, Any] | None
+    task: str = "classification"
+
+
+def pad_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> ClientArrays:
+    """Stacks per-client arrays into zero-padded client arrays.
+
+    Args:
+      xs: C arrays [n_c, *feature_shape].
+      ys: C arrays [n_c] (integer labels) or [n_c, *target] (float targets).
+
+    Returns:
+      ClientArrays with x float32 [C, n_max, *feature_shape], y int32 [C,
+      n_max] (or float32 [C, n_max, *target]) and count int32 [C], as jax
+      arrays; n_max = max(n_c, 1) and padded rows are zero.
+    """
+    counts = np.array([len(x) for x in xs], np.int32)
+    n_max = max(int(counts.max(initial=0)), 1)
+    y_dtype = np.int32 if np.issubdtype(np.asarray(ys[0]).dtype, np.integer) else np.float32
+    x = np.zeros((len(xs), n_max) + np.shape(xs[0])[1:], np.float32)
+    y = np.zeros((len(ys), n_max) + np.shape(ys[0])[1:], y_dtype)
+    for c, (xc, yc) in enumerate(zip(xs, ys, strict=True)):
+        x[c, : len(xc)] = xc
+        y[c, : len(yc)] = yc
+    return ClientArrays(jnp.asarray(x), jnp.asarray(y), jnp.asarray(counts))
+
+
+def build_federated_data(
+    dataset: str,
+    num_clients: int,
+    *,
+    partition: str = "iid",
+    dirichlet_alpha: float = 0.5,
+    classes_per_client: int = 2,
+    num_dominant: int = 2,
+    dominant_fraction: float = 0.8,
+    num_groups: int = 2,
+    group_relabel: bool = True,
+    permute_labels: str = "none",
+    samples_per_client: int | None = None,
+    test_fraction: float = 0.2,
+    min_samples_per_client: int = 10,
+    seed: int = 0,
+    data_dir: str | None = None,
+    source_kwargs: dict[str, Any] | None = None,
+) -> FederatedData:
+    """Builds padded per-client train/test data from a named source.
+
+    Args:
+      dataset: "fashion_mnist", "simulation", "tfds:<name>" or a registered
+        source (see sources.load_source).
+      num_clients: C >= 1.
+      partition: one of PARTITIONS (pooled sources); per-client sources
+        accept only "iid".
+      dirichlet_alpha: Dirichlet concentration (> 0), partition="dirichlet".
+      classes_per_client: classes per client (1..K), "shards" and "classes".
+      num_dominant: dominant classes per client (1..K-1), "dominant".
+      dominant_fraction: their share of a client's samples, in (0, 1].
+      num_groups: G in [1, C] (and <= K for "groups"), used by
+        partition="groups" and permute_labels="group"; client c is in group
+        floor(c * G / C).
+      group_relabel: with "groups", relabel each group's classes 0..K//G-1.
+      permute_labels: "none", "client" or "group" (see partition.label_maps).
+      samples_per_client: cap per client (class-stratified) before the
+        train/test split; None for no cap.
+      test_fraction: share of each client's samples held out, in (0, 1).
+      min_samples_per_client: minimum client size for "dirichlet".
+      seed: seeds the partition, cap, split, permutations and generated
+        sources.
+      data_dir: source directory (IDX files, TFDS data_dir).
+      source_kwargs: extra options for the source (e.g. samples_per_client,
+        p, alpha for the simulation; standardize; prepare_from for TFDS).
+
+    Returns:
+      FederatedData.
+
+    Raises:
+      ValueError: naming the offending argument and its allowed values, for
+        every invalid input, before any data is read where possible.
+    """
+    spec = sources.source_spec(dataset)
+    _check_args(
+        num_clients,
+        partition,
+        dirichlet_alpha,
+        num_groups,
+        permute_labels,
+        samples_per_client,
+        test_fraction,
+        min_samples_per_client,
+        spec.per_client,
+    )
+    if spec.num_classes is not None:
+        _check_class_args(
+            spec.num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups
+        )
+    kwargs = dict(source_kwargs or {})
+    if spec.per_client:
+        if kwargs.setdefault("num_clients", num_clients) != num_clients:
+            raise ValueError(
+                f"source_kwargs['num_clients']={kwargs['num_clients']} != num_clients={num_clients}."
+            )
+    source = spec.load(data_dir=data_dir, seed=seed, **kwargs)
+    num_classes = source.num_classes
+    _check_class_args(num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups)
+    rng = np.random.default_rng(seed)
+
+    if spec.per_client:
+        xs_src, ys_src = source.xs, source.ys
+        if len(xs_src) != num_clients:
+            raise ValueError(f"num_clients={num_clients} but the source made {len(xs_src)} clients.")
+        pools = list(zip(xs_src, ys_src, strict=True))
+        parts = [np.arange(len(y)) for y in ys_src]
+        truth = source.truth
+    else:
+        x_all = np.concatenate([source.x_train, source.x_test])
+        y_all = np.concatenate([source.y_train, source.y_test])
+        if len(y_all) < num_clients:
+            raise ValueError(
+                f"num_clients={num_clients} exceeds the {len(y_all)} samples of dataset={dataset!r}."
+            )
+        parts = _partition(
+            y_all,
+            num_clients,
+            rng,
+            partition,
+            num_classes,
+            dirichlet_alpha,
+            classes_per_client,
+            num_dominant,
+            dominant_fraction,
+            num_groups,
+            min_samples_per_client,
+        )
+        pools = [(x_all, y_all)] * num_clients
+        truth = None
+    class_sets = parts.pop() if partition == "groups" else None
+    if samples_per_client is not None:
+        parts = [
+            part.cap_per_client([p], y, samples_per_client, rng)[0]
+            for p, (_, y) in zip(parts, pools, strict=True)
+        ]
+
+    uses_groups = partition == "groups" or permute_labels == "group"
+    group_ids = part.client_groups(num_clients, num_groups)
+    maps, model_classes = _label_maps(
+        num_clients, num_classes, class_sets, group_relabel, permute_labels, seed, group_ids
+    )
+
+    splits = {"train": ([], []), "test": ([], [])}
+    clients = []
+    for c, (idx, (x, y)) in enumerate(zip(parts, pools, strict=True)):
+        train_pos, test_pos = part.stratified_split(y[idx], test_fraction, rng)
+        for name, pos in (("train", train_pos), ("test", test_pos)):
+            splits[name][0].append(x[idx[pos]])
+            splits[name][1].append(maps[c][y[idx[pos]]].astype(np.int32))
+        if len(train_pos) == 0:
+            raise ValueError(
+                f"num_clients={num_clients}: client {c} got no training "
+                f"sample (dataset={dataset!r}, partition={partition!r}); use "
+                f"fewer clients or a larger samples_per_client."
+            )
+        clients.append(
+            {
+                "client": c,
+                "group": int(group_ids[c]) if uses_groups else None,
+                "train": int(len(train_pos)),
+                "test": int(len(test_pos)),
+                "classes": sorted(int(k) for k in np.unique(maps[c][y[idx]])),
+                "source_classes": sorted(int(k) for k in np.unique(y[idx])),
+                "label_map": maps[c].tolist(),
+            }
+        )
+
+    train, test = (pad_clients(*splits[s]) for s in ("train", "test"))
+    input_shape = tuple(int(s) for s in train.x.shape[2:])
+    summary = {
+        "dataset": dataset,
+        "partition": partition,
+        "num_clients": num_clients,
+        "num_classes": model_classes,
+        "source_num_classes": int(num_classes),
+        "input_shape": list(input_shape),
+        "permute_labels": permute_labels,
+        "num_groups": num_groups if uses_groups else None,
+        "test_fraction": test_fraction,
+        "seed": seed,
+        "totals": {"train": sum(c["train"] for c in clients), "test": sum(c["test"] for c in clients)},
+        "clients": clients,
+    }
+    return FederatedData(ClientData(train, test), model_classes, input_shape, summary, truth)
+
+
+def _partition(
+    labels,
+    num_clients,
+    rng,
+    partition,
+    num_classes,
+    alpha,
+    classes_per_client,
+    num_dominant,
+    dominant_fraction,
+    num_groups,
+    min_size,
+) -> list:
+    """Runs the named partitioner; for "groups" appends the class sets."""
+    if partition == "iid":
+        return part.iid(labels, num_clients, rng)
+    if partition == "dirichlet":
+        return part.dirichlet(labels, num_clients, rng, alpha=alpha, min_size=min_size)
+    if partition == "shards":
+        return part.shards(labels, num_clients, rng, classes_per_client=classes_per_client)
+    if partition == "classes":
+        return part.classes(labels, num_clients, rng, classes_per_client=classes_per_client)
+    if partition == "dominant":
+        return part.dominant(
+            labels, num_clients, rng, num_dominant=num_dominant, dominant_fraction=dominant_fraction
+        )
+    class_sets = part.group_class_sets(num_classes, num_groups, rng)
+    return part.groups(labels, num_clients, rng, class_sets=class_sets) + [class_sets]
+
+
+def _label_maps(num_clients, num_classes, class_sets, group_relabel, permute_labels, seed, group_ids):
+    """Returns ([C, K] source label -> model label (-1: unused), model K)."""
+    base = np.tile(np.arange(num_classes), (num_clients, 1))
+    model_classes = num_classes
+    if class_sets is not None and group_relabel:
+        model_classes = len(class_sets[0])
+        base = np.full((num_clients, num_classes), -1)
+        for c in range(num_clients):
+            base[c, class_sets[group_ids[c]]] = np.arange(model_classes)
+    perm = part.label_maps(num_clients, model_classes, permute=permute_labels, seed=seed, group_ids=group_ids)
+    maps = np.where(base >= 0, np.take_along_axis(perm, np.maximum(base, 0), 1), -1)
+    return maps, model_classes
+
+
+def _check_args(
+    num_clients,
+    partition,
+    dirichlet_alpha,
+    num_groups,
+    permute_labels,
+    samples_per_client,
+    test_fraction,
+    min_samples_per_client,
+    per_client,
+):
+    if isinstance(num_clients, bool) or int(num_clients) != num_clients or (num_clients < 1):
+        raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}.")
+    if partition not in PARTITIONS:
+        raise ValueError(f"partition={partition!r} is unknown; allowed values: {PARTITIONS}.")
+    if per_client and partition != "iid":
+        raise ValueError(
+            f"partition={partition!r}: this dataset is generated "
+            f"per client, so partition must be 'iid' (keep the "
+            f"generator's clients)."
+        )
+    if permute_labels not in part.PERMUTE_MODES:
+        raise ValueError(
+            f"permute_labels={permute_labels!r} is unknown; allowed values: {part.PERMUTE_MODES}."
+        )
+    if partition == "dirichlet" and not dirichlet_alpha > 0:
+        raise ValueError(f"dirichlet_alpha must be > 0, got {dirichlet_alpha!r}.")
+    if (partition == "groups" or permute_labels == "group") and not (1 <= num_groups <= num_clients):
+        raise ValueError(f"num_groups must be in [1, num_clients={num_clients}], got {num_groups!r}.")
+    if samples_per_client is not None and not samples_per_client >= 1:
+        raise ValueError(f"samples_per_client must be None or >= 1, got {samples_per_client!r}.")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.")
+    if not min_samples_per_client >= 0:
+        raise ValueError(f"min_samples_per_client must be >= 0, got {min_samples_per_client!r}.")
+
+
+def _check_class_args(
+    num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups
+):
+    if partition in ("shards", "classes") and not (1 <= classes_per_client <= num_classes):
+        raise ValueError(
+            f"classes_per_client must be in [1, num_classes={num_classes}], got {classes_per_client!r}."
+        )
+    if partition == "dominant":
+        if not 1 <= num_dominant < num_classes:
+            raise ValueError(
+                f"num_dominant must be in [1, num_classes - 1 = {num_classes - 1}], got {num_dominant!r}."
+            )
+        if not 0 < dominant_fraction <= 1:
+            raise ValueError(f"dominant_fraction must be in (0, 1], got {dominant_fraction!r}.")
+    if partition == "groups" and num_groups > num_classes:
+        raise ValueError(
+            f"num_groups={num_groups} exceeds num_classes="
+            f"{num_classes}: groups need disjoint label sets, so "
+            f"num_groups must be in [1, {num_classes}]."
+        )

@@ -1,0 +1,150 @@
+"""Fashion-MNIST (or any MNIST-layout data set) read from IDX files.
+
+The IDX format (LeCun's MNIST format) is a big-endian header followed by the
+raw array: two zero bytes, a type code, the number of dimensions, one int32
+per dimension, then the data. Files may be gzip-compressed (`.gz`) or raw.
+
+The Debian package `dataset-fashion-mnist` installs the four Fashion-MNIST
+files in `/usr/share/datasets/fashion-mnist/`, the default directory here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import numpy as np
+
+DEFAULT_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist/"
+
+FASHION_MNIST_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
+
+# IDX type code -> big-endian numpy dtype.
+_IDX_DTYPES = {
+    0x08: np.dtype(">u1"),
+    0x09: np.dtype(">i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Reads one IDX file (gzip-compressed or raw).
+
+    Args:
+      path: file path; gzip is detected from the file's magic bytes.
+
+    Returns:
+      The array with the shape and dtype stored in the header (native byte
+      order), e.g. uint8 [60000, 28, 28] for Fashion-MNIST training images.
+
+    Raises:
+      ValueError: the file is not a valid IDX file.
+    """
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path} is not an IDX file (bad magic number).")
+    dtype, ndim = _IDX_DTYPES[raw[2]], raw[3]
+    shape = tuple(np.frombuffer(raw, ">i4", count=ndim, offset=4))
+    offset = 4 + 4 * ndim
+    size = int(np.prod(shape, dtype=np.int64))
+    if len(raw) - offset != size * dtype.itemsize:
+        raise ValueError(f"{path}: header says shape {shape} but the payload has {len(raw) - offset} bytes.")
+    data = np.frombuffer(raw, dtype, count=size, offset=offset).reshape(shape)
+    return data.astype(dtype.newbyteorder("="))
+
+
+def _find_file(data_dir: str, stem: str) -> str | None:
+    for name in (stem + ".gz", stem):
+        path = os.path.join(data_dir, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def check_idx_dir(data_dir: str | None) -> str:
+    """Checks that `data_dir` holds the four Fashion-MNIST IDX files.
+
+    Args:
+      data_dir: directory to check; None means DEFAULT_FASHION_MNIST_DIR.
+
+    Returns:
+      The directory that was checked.
+
+    Raises:
+      ValueError: naming `data_dir`, if it does not exist or lacks a file.
+    """
+    data_dir = DEFAULT_FASHION_MNIST_DIR if data_dir is None else str(data_dir)
+    expected = ", ".join(f"{s}[.gz]" for s in FASHION_MNIST_FILES.values())
+    if not os.path.isdir(data_dir):
+        raise ValueError(
+            f"data_dir={data_dir!r} is not a directory; expected a directory "
+            f"holding the Fashion-MNIST IDX files {expected} (Debian package "
+            f"dataset-fashion-mnist installs them in "
+            f"{DEFAULT_FASHION_MNIST_DIR})."
+        )
+    missing = [s for s in FASHION_MNIST_FILES.values() if _find_file(data_dir, s) is None]
+    if missing:
+        raise ValueError(f"data_dir={data_dir!r} lacks the IDX files {missing}; expected {expected}.")
+    return data_dir
+
+
+def load_fashion_mnist(data_dir: str | None = None, *, standardize: bool = False) -> dict[str, np.ndarray]:
+    """Loads Fashion-MNIST from IDX files.
+
+    Args:
+      data_dir: directory holding the four IDX files (gzip or raw); None means
+        DEFAULT_FASHION_MNIST_DIR.
+      standardize: if True, subtract the training images' mean pixel and divide
+        by their pixel standard deviation (one scalar each, from the train
+        split only); otherwise pixels are scaled to [0, 1].
+
+    Returns:
+      Dict with `x_train` float32 [60000, 28, 28, 1], `y_train` int32 [60000],
+      `x_test` float32 [10000, 28, 28, 1], `y_test` int32 [10000], in file
+      order.
+
+    Raises:
+      ValueError: naming `data_dir`, if the directory or a file is missing.
+    """
+    data_dir = check_idx_dir(data_dir)
+    arrays = {k: read_idx(_find_file(data_dir, s)) for k, s in FASHION_MNIST_FILES.items()}
+    out = {}
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError(
+                f"data_dir={data_dir!r}: {split} split has "
+                f"{images.shape[0]} images but "
+                f"{labels.shape[0]} labels."
+            )
+        out[f"x_{split}"] = (images.astype(np.float32) / 255.0)[..., None]
+        out[f"y_{split}"] = labels.astype(np.int32)
+    if standardize:
+        mean, std = out["x_train"].mean(), out["x_train"].std()
+        for split in ("train", "test"):
+            out[f"x_{split}"] = ((out[f"x_{split}"] - mean) / std).astype(np.float32)
+    return out

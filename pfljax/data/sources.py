@@ -1,0 +1,166 @@
+"""Data sources by name, and the one entry point `load_source`.
+
+A source is either *pooled* (one labelled data set with train/test splits, to
+be partitioned among clients: Fashion-MNIST, any TFDS data set) or
+*per-client* (a generator that already produces each client's data: the FedFac
+simulation). Sources live in the `SOURCES` registry; `register_source` adds
+one (e.g. a later "sine" toy generator, registered with per_client=True).
+Names starting with "tfds:" are dispatched to TFDS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from pfljax.data import idx, simulation
+
+TFDS_PREFIX = "tfds:"
+
+
+class Pooled(NamedTuple):
+    """A centralised labelled data set, to be partitioned among clients.
+
+    Attributes:
+      x_train: [N_train, *input_shape] float32.
+      y_train: [N_train] int32 labels in 0..num_classes-1.
+      x_test: [N_test, *input_shape] float32.
+      y_test: [N_test] int32.
+      num_classes: number of classes K.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+
+
+class PerClient(NamedTuple):
+    """Data already split by client.
+
+    Attributes:
+      xs: C arrays [n_c, *input_shape] float32.
+      ys: C arrays [n_c] int32.
+      num_classes: number of classes K.
+      truth: generator parameters (see simulation.simulate_fedfac) or None.
+    """
+
+    xs: list[np.ndarray]
+    ys: list[np.ndarray]
+    num_classes: int
+    truth: dict[str, Any] | None
+
+
+class SourceSpec(NamedTuple):
+    """How to load a source.
+
+    Attributes:
+      load: callable(*, data_dir, seed, **kwargs) -> Pooled | PerClient;
+        per-client sources also receive num_clients.
+      per_client: True if `load` returns PerClient.
+      num_classes: K when known before loading (for early validation), else
+        None.
+    """
+
+    load: Callable[..., Pooled | PerClient]
+    per_client: bool
+    num_classes: int | None
+
+
+def _fashion_mnist(*, data_dir=None, seed=0, standardize=False) -> Pooled:
+    del seed  # deterministic source
+    d = idx.load_fashion_mnist(data_dir, standardize=standardize)
+    return Pooled(d["x_train"], d["y_train"], d["x_test"], d["y_test"], 10)
+
+
+def _simulation(*, data_dir=None, seed=0, num_clients=100, **kwargs) -> PerClient:
+    del data_dir  # generated, nothing to read
+    x, y, truth = simulation.simulate_fedfac(num_clients, seed=seed, **kwargs)
+    return PerClient(list(x), list(y), 2, truth)
+
+
+def _tfds(
+    name: str, *, data_dir=None, seed=0, splits: tuple[str, ...] = ("train", "test"), **kwargs
+) -> Pooled:
+    """TFDS data set; the first split is x_train, the others form x_test."""
+    del seed  # deterministic source
+    from pfljax.data import tfds_source  # pylint: disable=import-outside-toplevel
+
+    d = tfds_source.load_tfds(name, data_dir, splits=tuple(splits), **kwargs)
+    first, rest = splits[0], splits[1:]
+    x_first, y_first = d[f"x_{first}"], d[f"y_{first}"]
+    x_rest = np.concatenate([x_first[:0]] + [d[f"x_{s}"] for s in rest])
+    y_rest = np.concatenate([y_first[:0]] + [d[f"y_{s}"] for s in rest])
+    return Pooled(x_first, y_first, x_rest, y_rest, d["num_classes"])
+
+
+SOURCES: dict[str, SourceSpec] = {
+    "fashion_mnist": SourceSpec(_fashion_mnist, False, 10),
+    "simulation": SourceSpec(_simulation, True, 2),
+}
+
+
+def register_source(
+    name: str, load: Callable[..., Pooled | PerClient], *, per_client: bool, num_classes: int | None = None
+) -> None:
+    """Adds a source to `SOURCES` (e.g. a "sine" generator, per_client=True).
+
+    Args:
+      name: dataset name; must not start with "tfds:".
+      load: callable(*, data_dir, seed, **kwargs) -> Pooled | PerClient.
+      per_client: whether `load` returns PerClient (then it gets num_clients).
+      num_classes: K if known before loading.
+    """
+    if name.startswith(TFDS_PREFIX):
+        raise ValueError(f"name={name!r}: the prefix {TFDS_PREFIX!r} is reserved for TFDS data sets.")
+    SOURCES[name] = SourceSpec(load, per_client, num_classes)
+
+
+def allowed_datasets() -> list[str]:
+    """Names accepted by `load_source`'s `dataset` argument."""
+    return sorted(SOURCES) + [TFDS_PREFIX + "<name>"]
+
+
+def source_spec(dataset: str) -> SourceSpec:
+    """Returns the SourceSpec of `dataset`.
+
+    Raises:
+      ValueError: naming `dataset` and listing the allowed values.
+    """
+    if isinstance(dataset, str):
+        if dataset in SOURCES:
+            return SOURCES[dataset]
+        if dataset.startswith(TFDS_PREFIX) and len(dataset) > len(TFDS_PREFIX):
+            name = dataset[len(TFDS_PREFIX) :]
+            return SourceSpec(lambda **kw: _tfds(name, **kw), per_client=False, num_classes=None)
+    raise ValueError(
+        f"dataset={dataset!r} is unknown; allowed values: {allowed_datasets()} (e.g. 'tfds:cifar10')."
+    )
+
+
+def load_source(name: str, *, data_dir: str | None = None, seed: int = 0, **kwargs) -> Pooled | PerClient:
+    """Loads a data source by name.
+
+    Args:
+      name: "fashion_mnist" (IDX files; kwargs: standardize), "simulation"
+        (FedFac model (8); kwargs: num_clients, samples_per_client, d, m, p,
+        alpha, noise_scale, label_rule), "tfds:<name>" (kwargs: splits --
+        default ("train", "test"); the first becomes x_train, the others are
+        concatenated into x_test --, prepare_from, standardize) or any name
+        added by `register_source`.
+      data_dir: where the source reads from (IDX directory, TFDS data_dir);
+        None means the source's default.
+      seed: seed of generated sources.
+      **kwargs: source-specific options.
+
+    Returns:
+      Pooled or PerClient.
+
+    Raises:
+      ValueError: naming `dataset` for an unknown name; sources raise
+        ValueError naming `data_dir` when it lacks their files.
+    """
+    return source_spec(name).load(data_dir=data_dir, seed=seed, **kwargs)

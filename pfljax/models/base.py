@@ -1,0 +1,48 @@
+"""A model as two pure functions over a flax variables dict.
+
+`variables` is a dict with a "params" collection (trained by gradient) and,
+for models with BatchNorm, a "batch_stats" collection (updated by the forward
+pass in training mode). Algorithms treat the whole dict as one client's model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Variables = dict[str, Any]
+
+
+class Model(NamedTuple):
+    """init(key) -> variables; apply(variables, x [B, ...], train) -> (out, updates).
+
+    `updates` holds the collections the forward pass changed (e.g. batch_stats
+    in training mode); it is {} for stateless models or when train is False.
+    """
+
+    init: Callable[[jax.Array], Variables]
+    apply: Callable[..., tuple[jax.Array, Variables]]
+    input_shape: tuple[int, ...]
+    num_outputs: int
+    module: nn.Module | None = None
+
+
+def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_outputs: int) -> Model:
+    """Wraps a linen module whose __call__ takes (x, train)."""
+
+    def init(key: jax.Array) -> Variables:
+        variables = module.init(key, jnp.zeros((1, *input_shape), jnp.float32), train=False)
+        return jax.tree.map(lambda x: x, dict(variables))
+
+    def apply(variables: Variables, x: jax.Array, train: bool = False):
+        mutable = [k for k in variables if k != "params"] if train else []
+        if mutable:
+            out, updates = module.apply(variables, x, train=True, mutable=mutable)
+            return out, dict(updates)
+        return module.apply(variables, x, train=train), {}
+
+    return Model(init, apply, tuple(input_shape), num_outputs, module)

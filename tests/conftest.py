@@ -1,0 +1,17 @@
+"""Test-wide JAX settings.
+
+- Silent broadcasting across the client axis is an error (rank promotion).
+- A persistent compilation cache: tests rebuild the same small programs many
+  times; identical programs then compile once per machine.
+"""
+
+import os
+
+import jax
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update(
+    "jax_compilation_cache_dir",
+    os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".jax_cache")),
+)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)

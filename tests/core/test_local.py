@@ -1,0 +1,135 @@
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from pfljax.core.clients import take
+from pfljax.core.local import LocalTraining, batch_rows, epoch_order, make_local_train, num_scan_steps
+from pfljax.models import build_model
+from tests.toydata import toy_arrays, with_junk_rows
+
+
+@pytest.mark.parametrize("count,batch", [(10, 4), (3, 8), (16, 4)])
+def test_epoch_visits_every_real_row_once(count, batch):
+    n_max = 20
+    order = epoch_order(jax.random.key(0), 0, jnp.int32(count), n_max, batch)
+    per_epoch = -(-count // batch)
+    seen = []
+    for j in range(per_epoch):
+        rows, w = batch_rows(order, j, jnp.int32(count), batch)
+        seen += [int(r) for r, wi in zip(rows, w) if wi > 0]
+    assert sorted(seen) == list(range(count))
+
+
+def test_epochs_differ_and_are_seeded():
+    a = epoch_order(jax.random.key(0), 0, jnp.int32(30), 30, 4)
+    b = epoch_order(jax.random.key(0), 1, jnp.int32(30), 30, 4)
+    c = epoch_order(jax.random.key(0), 0, jnp.int32(30), 30, 4)
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+
+
+def _setup(steps=None, epochs=None, opt=None, counts=(12, 5)):
+    model = build_model("mlp", (6,), 3, hidden=(8,))
+    spec = LocalTraining(opt or optax.sgd(0.1), batch_size=4, steps=steps, epochs=epochs)
+    return model, spec, toy_arrays(counts)
+
+
+def test_one_step_equals_hand_written_sgd():
+    """One full-batch step equals params - lr * grad of the mean loss, computed by hand."""
+    model = build_model("mlp", (6,), 3, hidden=(8,))
+    data = toy_arrays([4])
+    spec = LocalTraining(optax.sgd(0.5), batch_size=4, steps=1, epochs=None)
+    params = model.init(jax.random.key(1))
+    got = make_local_train(model.apply, spec)(params, take(data, 0), jax.random.key(2)).params
+
+    def loss(p):
+        logits = model.apply({"params": p}, data.x[0], train=False)[0]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, data.y[0]).mean()
+
+    g = jax.grad(loss)(params["params"])
+    want = jax.tree.map(lambda p, gi: p - 0.5 * gi, params["params"], g)
+    chex.assert_trees_all_close(got["params"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_epochs_mode_takes_per_client_number_of_steps():
+    """With E epochs, a client of count n takes E * ceil(n / B) real steps: after
+    them, further scan steps are no-ops (momentum does not move params)."""
+    model, spec, data = _setup(epochs=2, opt=optax.sgd(0.1, momentum=0.9))
+    params = model.init(jax.random.key(0))
+    train = jax.jit(make_local_train(model.apply, spec))
+    small = take(data, 1)  # count 5 -> 2 steps/epoch -> 4 steps
+    assert num_scan_steps(spec, data.x.shape[1]) == 2 * 3
+    res = train(params, small, jax.random.key(3))
+    exact = LocalTraining(spec.optimizer, batch_size=4, steps=4, epochs=None)
+    want = make_local_train(model.apply, exact)(params, small, jax.random.key(3))
+    chex.assert_trees_all_close(res.params, want.params, rtol=1e-6)
+    np.testing.assert_allclose(res.loss, want.loss, rtol=1e-6)
+
+
+def test_padding_rows_never_change_the_result():
+    model, spec, data = _setup(steps=7)
+    params = model.init(jax.random.key(0))
+    train = jax.jit(make_local_train(model.apply, spec))
+    junky = with_junk_rows(data, extra=9)
+    for c in range(2):
+        a = train(params, take(data, c), jax.random.key(5))
+        b = train(params, take(junky, c), jax.random.key(5))
+        chex.assert_trees_all_close(a, b, rtol=1e-6)
+
+
+def test_empty_client_keeps_its_params():
+    model, spec, data = _setup(steps=3, counts=(6, 0), opt=optax.adamw(0.1, weight_decay=0.1))
+    params = model.init(jax.random.key(0))
+    res = make_local_train(model.apply, spec)(params, take(data, 1), jax.random.key(0))
+    chex.assert_trees_all_equal(res.params, params)
+
+
+def test_prox_term_pulls_towards_anchor():
+    model, spec, data = _setup(steps=20)
+    params = model.init(jax.random.key(0))
+    free = make_local_train(model.apply, spec)(params, take(data, 0), jax.random.key(1)).params
+    prox = make_local_train(model.apply, spec, prox_mu=5.0)(params, take(data, 0), jax.random.key(1)).params
+
+    def dist(p):
+        return sum(float(jnp.sum((a - b) ** 2)) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(params)))
+
+    assert dist(prox) < 0.5 * dist(free)
+
+
+def test_regularizer_gradient_is_added():
+    """An L1 regularizer adds lam * sign(w) to the gradient: one SGD step differs by lr*lam*sign."""
+    model = build_model("mlp", (6,), 3, hidden=(8,))
+    data = toy_arrays([4])
+    spec = LocalTraining(optax.sgd(1.0), batch_size=4, steps=1, epochs=None)
+    params = model.init(jax.random.key(1))
+    lam = 0.01
+    l1 = lambda p: lam * sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(p))
+    plain = make_local_train(model.apply, spec)(params, take(data, 0), jax.random.key(0)).params
+    reg = make_local_train(model.apply, spec, regularizer=l1)(params, take(data, 0), jax.random.key(0)).params
+    diff = jax.tree.map(lambda a, b: a - b, plain["params"], reg["params"])
+    want = jax.tree.map(lambda p: lam * jnp.sign(p), params["params"])
+    # Kernels are non-zero at init, so sign() is the gradient of |w| there.
+    for layer in ("hidden_0", "head"):
+        chex.assert_trees_all_close(diff[layer]["kernel"], want[layer]["kernel"], atol=1e-6)
+
+
+def test_default_is_one_epoch():
+    assert LocalTraining(optax.sgd(0.1)).validate().epochs == 1
+    assert LocalTraining(optax.sgd(0.1), steps=3).validate().epochs is None
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(steps=2, epochs=1), "exactly one"),
+        (dict(steps=0, epochs=None), "steps"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(loss="hinge"), "loss"),
+    ],
+)
+def test_bad_local_training_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LocalTraining(optax.sgd(0.1), **kwargs).validate()

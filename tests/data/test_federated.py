@@ -1,0 +1,219 @@
+"""Tests for build_federated_data, pad_clients and source dispatch."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from pfljax.data import build_federated_data, idx, pad_clients, sources
+from pfljax.data.sources import PerClient, Pooled
+
+HAVE_FMNIST = all(
+    os.path.isfile(os.path.join(idx.DEFAULT_FASHION_MNIST_DIR, s + ".gz"))
+    for s in idx.FASHION_MNIST_FILES.values()
+)
+needs_fmnist = pytest.mark.skipif(
+    not HAVE_FMNIST,
+    reason="Fashion-MNIST IDX files absent from "
+    "/usr/share/datasets/fashion-mnist (Debian package dataset-fashion-mnist)",
+)
+
+SIM = dict(samples_per_client=120, d=20, m=30)
+
+
+def check_padding_and_counts(arrays, summary_counts):
+    x, y, count = (np.asarray(a) for a in arrays)
+    np.testing.assert_array_equal(count, summary_counts)
+    assert x.dtype == np.float32 and y.dtype == np.int32
+    assert count.dtype == np.int32
+    assert x.shape[1] == y.shape[1] == count.max()
+    for c, n in enumerate(count):
+        assert not np.any(x[c, n:]) and not np.any(y[c, n:])
+        assert np.any(x[c, :n])  # real rows are not blank
+
+
+def labels_of(arrays, c):
+    return np.asarray(arrays.y)[c, : int(arrays.count[c])]
+
+
+def test_pad_clients_zero_pads_beyond_count():
+    xs = [np.ones((3, 2)), np.ones((1, 2)) * 2, np.ones((0, 2))]
+    ys = [np.array([1, 2, 3]), np.array([4]), np.zeros(0, int)]
+    out = pad_clients(xs, ys)
+    np.testing.assert_array_equal(out.count, [3, 1, 0])
+    assert out.x.shape == (3, 3, 2) and out.y.shape == (3, 3)
+    np.testing.assert_array_equal(out.y, [[1, 2, 3], [4, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(out.x[1], [[2, 2], [0, 0], [0, 0]])
+    assert out.y.dtype == np.int32 and out.x.dtype == np.float32
+    reg = pad_clients([np.ones((2, 1))], [np.ones((2, 3), np.float32)])
+    assert reg.y.shape == (1, 2, 3) and reg.y.dtype == np.float32
+
+
+def test_simulation_clients_split_stratified_with_truth():
+    fd = build_federated_data("simulation", 6, source_kwargs=SIM, seed=3)
+    s = fd.summary
+    json.dumps(s)  # JSON-serializable
+    check_padding_and_counts(fd.data.train, [c["train"] for c in s["clients"]])
+    check_padding_and_counts(fd.data.test, [c["test"] for c in s["clients"]])
+    assert [(c["train"], c["test"]) for c in s["clients"]] == [(96, 24)] * 6
+    assert s["totals"] == {"train": 576, "test": 144}
+    for c in range(6):
+        # Median labels: 60 ones out of 120; stratified: 12 of 24 test.
+        assert labels_of(fd.data.test, c).sum() == 12
+        assert labels_of(fd.data.train, c).sum() == 48
+    assert fd.num_classes == 2 and fd.input_shape == (20,)
+    assert fd.task == "classification"
+    assert fd.truth["hidden_weights"].shape == (6, 30, 20)
+    again = build_federated_data("simulation", 6, source_kwargs=SIM, seed=3)
+    np.testing.assert_array_equal(fd.data.train.x, again.data.train.x)
+
+
+def test_simulation_label_permutation_per_group():
+    # seed 2: group 0 uses default_rng(2).permutation(2) = [0, 1] and group 1
+    # default_rng(3).permutation(2) = [1, 0].
+    plain = build_federated_data("simulation", 6, source_kwargs=SIM, seed=2)
+    fd = build_federated_data(
+        "simulation", 6, source_kwargs=SIM, permute_labels="group", num_groups=2, seed=2
+    )
+    maps = [c["label_map"] for c in fd.summary["clients"]]
+    assert [c["group"] for c in fd.summary["clients"]] == [0, 0, 0, 1, 1, 1]
+    assert maps == [[0, 1]] * 3 + [[1, 0]] * 3
+    # Same samples; labels of group 1 are flipped, group 0 untouched.
+    np.testing.assert_array_equal(fd.data.train.x, plain.data.train.x)
+    y, y0 = np.asarray(fd.data.train.y), np.asarray(plain.data.train.y)
+    for c in range(6):
+        n = int(fd.data.train.count[c])
+        expected = y0[c, :n] if c < 3 else 1 - y0[c, :n]
+        np.testing.assert_array_equal(y[c, :n], expected)
+
+
+def test_registered_per_client_source_hook(monkeypatch):
+    def sine(*, data_dir=None, seed=0, num_clients=3, n=30):
+        rng = np.random.default_rng(seed)
+        xs = [rng.uniform(-1, 1, (n, 1)).astype(np.float32) for _ in range(num_clients)]
+        ys = [(np.sin(3 * x[:, 0] + c) > 0).astype(np.int32) for c, x in enumerate(xs)]
+        return PerClient(xs, ys, 2, {"phase": np.arange(num_clients)})
+
+    monkeypatch.setitem(sources.SOURCES, "sine", sources.SourceSpec(sine, True, 2))
+    fd = build_federated_data("sine", 4, test_fraction=0.5)
+    assert fd.input_shape == (1,)
+    np.testing.assert_array_equal(fd.data.train.count + fd.data.test.count, [30] * 4)
+    np.testing.assert_array_equal(fd.truth["phase"], np.arange(4))
+    assert "sine" in sources.allowed_datasets()
+
+
+@needs_fmnist
+def test_fashion_mnist_ten_clients_four_classes_each():
+    fd = build_federated_data("fashion_mnist", 10, partition="classes", classes_per_client=4, seed=0)
+    s = fd.summary
+    json.dumps(s)
+    train, test = fd.data.train, fd.data.test
+    assert train.x.shape[0] == 10 and train.x.shape[2:] == (28, 28, 1)
+    assert fd.num_classes == 10 and fd.input_shape == (28, 28, 1)
+    check_padding_and_counts(train, [c["train"] for c in s["clients"]])
+    check_padding_and_counts(test, [c["test"] for c in s["clients"]])
+    assert s["totals"]["train"] + s["totals"]["test"] <= 70000
+    for c, info in enumerate(s["clients"]):
+        n = info["train"] + info["test"]
+        assert abs(info["test"] - 0.2 * n) <= 0.5
+        ytr, yte = labels_of(train, c), labels_of(test, c)
+        assert len(info["classes"]) == 4
+        np.testing.assert_array_equal(np.unique(ytr), info["classes"])
+        np.testing.assert_array_equal(np.unique(yte), info["classes"])
+        per_class = np.bincount(np.concatenate([ytr, yte]), minlength=10)
+        assert len(set(per_class[info["classes"]].tolist())) == 1  # equal
+        # Stratified: each class's test count within one of 20%.
+        test_per_class = np.bincount(yte, minlength=10)
+        assert np.abs(test_per_class - 0.2 * per_class).max() <= 1
+        assert np.asarray(train.x[c, : info["train"]]).max() <= 1.0
+
+
+@needs_fmnist
+def test_fashion_mnist_groups_relabelled_with_permuted_clients():
+    fd = build_federated_data(
+        "fashion_mnist", 6, partition="groups", num_groups=3, samples_per_client=150, seed=1
+    )
+    s = fd.summary
+    assert fd.num_classes == 3
+    groups = [c["group"] for c in s["clients"]]
+    assert groups == [0, 0, 1, 1, 2, 2]
+    src = [set(c["source_classes"]) for c in s["clients"]]
+    assert src[0] == src[1] and src[2] == src[3] and src[4] == src[5]
+    assert not (src[0] & src[2]) and not (src[0] & src[4])
+    assert not (src[2] & src[4])
+    for c, info in enumerate(s["clients"]):
+        assert info["train"] + info["test"] == 150  # the cap
+        assert info["classes"] == [0, 1, 2]  # every group relabelled 0..2
+        # The group's map sends its sorted source classes to 0, 1, 2.
+        lm = np.array(info["label_map"])
+        np.testing.assert_array_equal(lm[sorted(src[c])], [0, 1, 2])
+        assert np.all(lm[sorted(set(range(10)) - src[c])] == -1)
+    # Same relabelled label means different source classes across groups.
+    assert s["clients"][0]["label_map"] != s["clients"][2]["label_map"]
+
+    perm = build_federated_data(
+        "fashion_mnist",
+        6,
+        partition="groups",
+        num_groups=3,
+        samples_per_client=150,
+        seed=1,
+        permute_labels="client",
+    )
+    maps = [c["label_map"] for c in perm.summary["clients"]]
+    assert maps[0] != maps[1]  # same group, different client permutation
+    for info in perm.summary["clients"]:
+        assert info["classes"] == [0, 1, 2]  # still a bijection of 0..2
+
+
+def tiny_pooled(*, data_dir=None, seed=0):
+    x = np.arange(20, dtype=np.float32).reshape(20, 1)
+    y = np.arange(20, dtype=np.int32) % 4
+    return Pooled(x[:15], y[:15], x[15:], y[15:], 4)
+
+
+BAD = [
+    (dict(dataset="mnist_typo"), "dataset"),
+    (dict(dataset="tfds:"), "dataset"),
+    (dict(partition="stripes"), "partition"),
+    (dict(permute_labels="shuffle"), "permute_labels"),
+    (dict(num_clients=0), "num_clients"),
+    (dict(num_clients=-3), "num_clients"),
+    (dict(partition="dirichlet", dirichlet_alpha=0.0), "dirichlet_alpha"),
+    (dict(partition="dirichlet", dirichlet_alpha=-1.0), "dirichlet_alpha"),
+    (dict(partition="classes", classes_per_client=0), "classes_per_client"),
+    (dict(partition="shards", classes_per_client=11), "classes_per_client"),
+    (dict(partition="groups", num_groups=0), "num_groups"),
+    (dict(partition="groups", num_groups=5), "num_groups"),  # > 4 clients
+    (dict(permute_labels="group", num_groups=9), "num_groups"),
+    (dict(partition="dominant", num_dominant=10), "num_dominant"),
+    (dict(partition="dominant", dominant_fraction=1.5), "dominant_fraction"),
+    (dict(test_fraction=0.0), "test_fraction"),
+    (dict(test_fraction=1.0), "test_fraction"),
+    (dict(samples_per_client=0), "samples_per_client"),
+    (dict(data_dir="/no/such/fashion-mnist"), "data_dir"),
+]
+
+
+@pytest.mark.parametrize("kwargs,name", BAD)
+def test_bad_inputs_raise_naming_the_argument(kwargs, name):
+    args = dict(dataset="fashion_mnist", num_clients=4) | kwargs
+    with pytest.raises(ValueError, match=name):
+        build_federated_data(**args)
+
+
+def test_more_groups_than_classes_and_more_clients_than_samples(monkeypatch):
+    monkeypatch.setitem(sources.SOURCES, "tiny", sources.SourceSpec(tiny_pooled, False, None))
+    with pytest.raises(ValueError, match="num_groups.*num_classes"):
+        build_federated_data("tiny", 6, partition="groups", num_groups=5)
+    with pytest.raises(ValueError, match="num_clients"):
+        build_federated_data("tiny", 21)
+    fd = build_federated_data("tiny", 2, partition="groups", num_groups=2)
+    assert fd.num_classes == 2
+    assert fd.summary["totals"]["train"] + fd.summary["totals"]["test"] == 20
+
+
+def test_per_client_source_rejects_other_partitions():
+    with pytest.raises(ValueError, match="partition"):
+        build_federated_data("simulation", 3, partition="dirichlet", source_kwargs=SIM)

@@ -1,0 +1,69 @@
+"""Tests for the TFDS source: offline preparation and loading."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pfljax.data import idx, load_source
+from pfljax.data.sources import Pooled
+
+FMNIST_DIR = idx.DEFAULT_FASHION_MNIST_DIR
+HAVE_FMNIST = all(
+    os.path.isfile(os.path.join(FMNIST_DIR, s + ".gz")) for s in idx.FASHION_MNIST_FILES.values()
+)
+
+
+def test_importing_pfljax_data_does_not_import_tensorflow():
+    code = (
+        "import sys, pfljax.data, pfljax.data.tfds_source; "
+        "bad = [m for m in ('tensorflow', 'tensorflow_datasets') "
+        "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_unknown_tfds_name_raises_naming_dataset(tmp_path):
+    with pytest.raises(ValueError, match="dataset='tfds:no_such_set_xyz'"):
+        load_source("tfds:no_such_set_xyz", data_dir=str(tmp_path))
+
+
+def sorted_examples(x, y):
+    """Rows (label, pixels as uint8) sorted, to compare data sets as sets."""
+    pixels = np.round(x.reshape(len(x), -1) * 255).astype(np.uint8)
+    rows = np.concatenate([y[:, None].astype(np.uint8), pixels], axis=1)
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+@pytest.mark.skipif(
+    not HAVE_FMNIST,
+    reason="Fashion-MNIST IDX files absent "
+    "from /usr/share/datasets/fashion-mnist (Debian package "
+    "dataset-fashion-mnist)",
+)
+def test_tfds_fashion_mnist_prepared_offline_matches_idx(tmp_path):
+    data_dir = str(tmp_path / "tfds")
+    # Not prepared yet: a clear error naming data_dir.
+    with pytest.raises(ValueError, match="data_dir"):
+        load_source("tfds:fashion_mnist", data_dir=data_dir)
+    # Prepare from the local IDX files (no network) and load.
+    src = load_source("tfds:fashion_mnist", data_dir=data_dir, prepare_from=FMNIST_DIR)
+    assert isinstance(src, Pooled) and src.num_classes == 10
+    assert src.x_train.shape == (60000, 28, 28, 1)
+    assert src.x_train.dtype == np.float32 and src.y_train.dtype == np.int32
+    assert 0.0 <= src.x_train.min() and src.x_train.max() <= 1.0
+    ref = idx.load_fashion_mnist(FMNIST_DIR)
+    for split in ("train", "test"):
+        tf_x, tf_y = getattr(src, f"x_{split}"), getattr(src, f"y_{split}")
+        np.testing.assert_array_equal(
+            sorted_examples(tf_x, tf_y), sorted_examples(ref[f"x_{split}"], ref[f"y_{split}"])
+        )
+    # TFDS shuffles examples when writing: same set, different order.
+    assert not np.array_equal(src.y_train, ref["y_train"])
+    # A second load reads the prepared copy (nothing is re-prepared).
+    again = load_source("tfds:fashion_mnist", data_dir=data_dir, splits=("test",))
+    assert again.x_train.shape == (10000, 28, 28, 1)
+    np.testing.assert_array_equal(again.y_train, src.y_test)

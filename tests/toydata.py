@@ -1,0 +1,40 @@
+"""Small synthetic federated data for unit tests (no files, seeded)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from pfljax.core.types import ClientArrays, ClientData
+
+
+def toy_arrays(counts, n_max=None, dim=6, classes=3, seed=0, junk=0.0) -> ClientArrays:
+    """Linearly separable-ish classification rows; padded rows hold `junk`."""
+    counts = np.asarray(counts, np.int32)
+    n_max = int(n_max or counts.max())
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(dim, classes))
+    x = rng.normal(size=(len(counts), n_max, dim)).astype(np.float32)
+    y = np.argmax(x @ w + 0.3 * rng.normal(size=(len(counts), n_max, classes)), -1).astype(np.int32)
+    pad = np.arange(n_max)[None, :] >= counts[:, None]
+    x[pad] = junk
+    y[pad] = 0 if junk == 0.0 else classes - 1
+    return ClientArrays(jnp.asarray(x), jnp.asarray(y), jnp.asarray(counts))
+
+
+def toy_data(counts, **kwargs) -> ClientData:
+    train = toy_arrays(counts, **kwargs)
+    test = toy_arrays(counts, **{**kwargs, "seed": kwargs.get("seed", 0) + 100})
+    return ClientData(train, test)
+
+
+def with_junk_rows(arrays: ClientArrays, extra: int, value: float = 7.0) -> ClientArrays:
+    """Appends `extra` padded rows full of junk; counts unchanged."""
+    c = arrays.x.shape[0]
+    x = jnp.concatenate([arrays.x, jnp.full((c, extra) + arrays.x.shape[2:], value, arrays.x.dtype)], 1)
+    y = jnp.concatenate([arrays.y, jnp.full((c, extra) + arrays.y.shape[2:], 1, arrays.y.dtype)], 1)
+    # Rows between count and the old n_max are padding too: fill them with junk.
+    pad = jnp.arange(x.shape[1])[None, :] >= arrays.count[:, None]
+    x = jnp.where(pad.reshape(pad.shape + (1,) * (x.ndim - 2)), value, x)
+    y = jnp.where(pad.reshape(pad.shape + (1,) * (y.ndim - 2)), 1, y)
+    return ClientArrays(x, y, arrays.count)
