@@ -6,13 +6,31 @@ FedAvg whose local objective adds mu / 2 * ||w - w_global||^2.
 from __future__ import annotations
 
 from pfljax.algorithms import fedavg
+from pfljax.core.clients import ClientMap
 from pfljax.core.local import LocalTraining
 from pfljax.core.types import Algorithm
 from pfljax.models.base import Model
 
 
-def build(model: Model, local: LocalTraining, *, mu: float = 0.01, **fedavg_kwargs) -> Algorithm:
-    """FedProx with proximal weight `mu` (> 0); other kwargs as fedavg.build."""
+def build(
+    model: Model,
+    local: LocalTraining,
+    *,
+    clients_per_round: int | None = None,
+    client_map: ClientMap | str | None = "auto",
+    mu: float = 0.01,
+    server_lr: float = 1.0,
+    weighting: str = "samples",
+) -> Algorithm:
+    """FedProx with proximal weight `mu` (> 0); other arguments as fedavg.build."""
     if mu <= 0:
         raise ValueError(f"fedprox mu must be > 0, got {mu}")
-    return fedavg.build(model, local, prox_mu=mu, **fedavg_kwargs)
+    return fedavg.build(
+        model,
+        local,
+        clients_per_round=clients_per_round,
+        client_map=client_map,
+        prox_mu=mu,
+        server_lr=server_lr,
+        weighting=weighting,
+    )
