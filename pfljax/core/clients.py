@@ -87,14 +87,26 @@ class ClientMap(NamedTuple):
         return jax.lax.map(fn, xs, batch_size=self.chunk_size)
 
 
-def as_client_map(spec: ClientMap | str | None) -> ClientMap:
-    """Accepts a ClientMap, a strategy name or None ("auto")."""
+def as_client_map(spec: ClientMap | str | Callable | None) -> ClientMap | Callable:
+    """Accepts a ClientMap, a strategy name, None ("auto"), or any callable
+    `(fn, xs) -> stacked results` (e.g. a Python loop over rows, which tests use
+    as an oracle for the jitted strategies)."""
     if spec is None:
         return ClientMap()
     if isinstance(spec, str):
         spec = ClientMap(spec)
-    spec.resolved()  # validates the name early
+    if isinstance(spec, ClientMap):
+        spec.resolved()  # validates the name early
+        return spec
+    if not callable(spec):
+        raise ValueError(f"client_map must be a ClientMap, one of {STRATEGIES} or a callable, got {spec!r}")
     return spec
+
+
+def python_loop_map(fn: Callable[[PyTree], PyTree], xs: PyTree) -> PyTree:
+    """Reference mapping: a Python loop over rows, results stacked. For tests only;
+    inside jit it unrolls (program size grows with the number of clients)."""
+    return stack([fn(take(xs, i)) for i in range(num_clients(xs))])
 
 
 def round_keys(key: jax.Array, round_index: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -55,3 +55,12 @@ def test_sample_clients_distinct_static_k():
 def test_bad_clients_per_round(k):
     with pytest.raises(ValueError, match="clients_per_round"):
         sampling.check_clients_per_round(k, 10)
+
+
+def test_python_loop_map_matches_strategies():
+    xs = {"w": jnp.arange(12.0).reshape(4, 3)}
+    fn = lambda t: {"s": jnp.sum(t["w"] ** 2)}
+    loop = clients.as_client_map(clients.python_loop_map)(fn, xs)
+    chex.assert_trees_all_close(loop, clients.ClientMap("vmap")(fn, xs))
+    with pytest.raises(ValueError, match="callable"):
+        clients.as_client_map(3)
