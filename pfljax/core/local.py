@@ -79,10 +79,16 @@ def epoch_order(key: jax.Array, epoch: jax.Array, count: jax.Array, n_max: int, 
 
 
 def batch_rows(order: jax.Array, j: jax.Array, count: jax.Array, batch_size: int):
-    """Rows [B] of batch j of an epoch order, and their weights (0 past `count`)."""
-    rows = jax.lax.dynamic_slice_in_dim(order, j * batch_size, batch_size)
-    weights = (j * batch_size + jnp.arange(batch_size) < count).astype(jnp.float32)
-    return rows, weights
+    """Rows [B] of batch j of an epoch order, and their weights (0 past `count`).
+
+    The slots of a partial last batch are filled with real rows again (wrapping
+    around the epoch order) and weigh 0: padded rows never enter the forward
+    pass, so they cannot reach BatchNorm statistics either.
+    """
+    pos = j * batch_size + jnp.arange(batch_size)
+    weights = (pos < count).astype(jnp.float32)
+    pos = jnp.where(pos < count, pos, pos % jnp.maximum(count, 1))
+    return order[pos], weights
 
 
 def num_scan_steps(spec: LocalTraining, n_max: int) -> int:

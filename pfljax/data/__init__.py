@@ -7,6 +7,7 @@ Entry points: `build_federated_data` (source -> FederatedData) and
 assembly). Importing this package does not import TensorFlow.
 """
 
+from pfljax.data import sine  # noqa: F401  (registers the "sine" source)
 from pfljax.data.federated import PARTITIONS, FederatedData, build_federated_data, pad_clients
 from pfljax.data.sources import PerClient, Pooled, load_source, register_source
 

@@ -8,12 +8,21 @@ from typing import Any
 from pfljax.models.base import Model, from_flax
 from pfljax.models.cnn import CNN
 from pfljax.models.conv import Conv, conv2d, max_pool
+from pfljax.models.factorized import FactorizedCNN, FactorizedMLP
 from pfljax.models.mlp import MLP
+from pfljax.models.mlp_bn import MLPBN
+from pfljax.models.resnet import ResNet9
 
 MODELS: dict[str, Callable[..., Any]] = {
     "mlp": MLP,
     "cnn": CNN,
     "cnn_bn": lambda **kw: CNN(batch_norm=True, **kw),
+    "mlp_bn": MLPBN,
+    "resnet9": ResNet9,
+    "factorized_mlp": FactorizedMLP,
+    "factorized_cnn": FactorizedCNN,
+    "factorized_cnn_bn": lambda **kw: FactorizedCNN(batch_norm=True, **kw),
+    "factorized_resnet9": lambda **kw: ResNet9(factorized=True, **kw),
 }
 
 

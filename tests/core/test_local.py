@@ -133,3 +133,19 @@ def test_default_is_one_epoch():
 def test_bad_local_training_raises(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LocalTraining(optax.sgd(0.1), **kwargs).validate()
+
+
+def test_padding_never_reaches_batchnorm_statistics():
+    """Partial batches are filled with real rows (weight 0), so junk padding cannot
+    move BatchNorm's batch statistics or running averages."""
+    model = build_model("mlp_bn", (6,), 3, hidden=(8,))
+    spec = LocalTraining(optax.sgd(0.1), batch_size=4, epochs=2)
+    data = toy_arrays((7, 5))  # 7 and 5 rows: every epoch ends with a partial batch
+    junky = with_junk_rows(data, extra=9, value=50.0)
+    params = model.init(jax.random.key(0))
+    train = jax.jit(make_local_train(model.apply, spec))
+    for c in range(2):
+        a = train(params, take(data, c), jax.random.key(4))
+        b = train(params, take(junky, c), jax.random.key(4))
+        chex.assert_trees_all_close(a.params, b.params, rtol=1e-6)
+        assert not np.allclose(a.params["batch_stats"]["bn_0"]["mean"], 0.0)

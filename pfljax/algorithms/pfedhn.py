@@ -1,0 +1,177 @@
+"""pFedHN (Shamsian, Navon, Fetaya and Chechik, "Personalized Federated Learning
+using Hypernetworks", ICML 2021).
+
+A server hypernetwork h(v_c; phi) maps client c's learned embedding v_c to the
+full parameters of its model. One round, for each sampled client c:
+theta_c = h(v_c), the client trains locally to theta~_c and sends back
+delta_c = theta~_c - theta_c; the server steps phi and the embeddings along
+(d theta_c / d (phi, v))^T (-delta_c), one VJP (`pfljax.core.hypernet`).
+Predictions use h(v_c) as is (no fine-tuning).
+
+The paper samples one client per hypernetwork step. With K clients per round
+(all trained from the same hypernetwork) the default steps once on the SUM of
+their gradients, to first order the paper's K one-client steps, so a round of K
+clients moves the hypernetwork as far as K paper steps; `combine="mean"` steps
+on their mean instead (K = 1: both are the paper's loop). Measured on
+Fashion-MNIST (10 clients, 4 classes each, MLP, 300 samples per client, the
+code's 50 inner steps, 100 rounds): sum 89.4% final accuracy, mean 83.2%.
+Defaults follow the released code (AvivSham/pFedHN, experiments/pfedhn):
+embedding dim int(1 + C / 4) (`embedding_dim=0`), trunk Linear(E, 100) then
+3 x (ReLU, Linear(100, 100)) with no ReLU at the end, PyTorch Linear and
+Embedding inits, and the hypernetwork optimizer SGD(lr 1e-2, momentum 0.9,
+weight decay 1e-3) after clipping the gradient's global norm to 50. Its local
+training (SGD lr 5e-3, momentum 0.9, weight decay 5e-5, 50 steps of batch 64,
+gradient clip 50) is the `local` argument. Model collections other than
+"params" (BatchNorm statistics) are not generated: each client keeps its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from pfljax.core import hypernet as H
+from pfljax.core import params as P
+from pfljax.core.clients import (
+    ClientMap,
+    as_client_map,
+    broadcast,
+    client_key,
+    gather,
+    round_keys,
+    scatter,
+    take,
+)
+from pfljax.core.evaluate import evaluate_clients
+from pfljax.core.local import LocalTraining, make_local_train
+from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.types import Algorithm, ClientData
+from pfljax.models.base import Model
+
+COMBINES = ("mean", "sum")
+
+
+class PFedHNState(NamedTuple):
+    global_hn: dict  # hypernetwork params; its embedding table is [C, E]
+    global_opt_state: Any
+    client_extra: dict  # non-"params" collections, leaves [C, ...] (empty for most models)
+    round: jax.Array
+
+
+def build(
+    model: Model,
+    local: LocalTraining,
+    *,
+    clients_per_round: int | None = None,
+    client_map: ClientMap | str | None = "auto",
+    embedding_dim: int = 0,
+    hn_hidden: tuple = (100, 100, 100, 100),
+    hn_lr: float = 1e-2,
+    hn_momentum: float = 0.9,
+    hn_weight_decay: float = 1e-3,
+    hn_clip_norm: float = 50.0,
+    combine: str = "sum",
+) -> Algorithm:
+    """pFedHN.
+
+    Args:
+      model: the client (target) model; the hypernetwork emits its "params".
+      local: local training hyperparameters (the paper's inner loop).
+      clients_per_round: K clients sampled per round (None: all).
+      client_map: client-axis mapping strategy.
+      embedding_dim: client embedding size E (0: int(1 + C / 4), the code's).
+      hn_hidden: widths of the hypernetwork trunk's Linear layers.
+      hn_lr, hn_momentum, hn_weight_decay: hypernetwork SGD.
+      hn_clip_norm: clip the hypernetwork gradient's global norm (0: no clip).
+      combine: "mean" (one step on the mean of the K clients' gradients) or
+        "sum" (one step on their sum: to first order, K steps of the paper's
+        one-client loop).
+    """
+    hn_hidden = tuple(int(h) for h in hn_hidden)
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+    if not hn_hidden or min(hn_hidden) < 1:
+        raise ValueError(f"hn_hidden must be a non-empty tuple of widths >= 1, got {hn_hidden}")
+    if embedding_dim < 0:
+        raise ValueError(f"embedding_dim must be >= 0 (0: automatic), got {embedding_dim}")
+    if hn_lr <= 0 or hn_momentum < 0 or hn_weight_decay < 0 or hn_clip_norm < 0:
+        raise ValueError(
+            "hn_lr must be > 0 and hn_momentum, hn_weight_decay, hn_clip_norm >= 0, got "
+            f"{hn_lr}, {hn_momentum}, {hn_weight_decay}, {hn_clip_norm}"
+        )
+    cmap = as_client_map(client_map)
+    train = make_local_train(model.apply, local)
+    template = jax.eval_shape(model.init, jax.random.key(0))
+    paths = P.leaf_paths(template["params"])
+    treedef = jax.tree.structure(template["params"])
+    shapes = {p: leaf.shape for p, leaf in zip(paths, jax.tree.leaves(template["params"]))}
+    param_bytes = P.tree_bytes(template["params"])
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(hn_clip_norm) if hn_clip_norm > 0 else optax.identity(),
+        optax.add_decayed_weights(hn_weight_decay),
+        optax.sgd(hn_lr, momentum=hn_momentum or None),
+    )
+
+    def hypernet(num_clients: int) -> H.HyperNet:
+        dim = embedding_dim or int(1 + num_clients / 4)
+        return H.mlp_hypernet(
+            shapes, num_embeddings=num_clients, embedding_dim=dim, hidden=hn_hidden, relu_last=False
+        )
+
+    apply_hn = hypernet(1).apply  # apply does not depend on the table size
+
+    def generate(hn_params: dict, c: jax.Array) -> dict:
+        """Client c's "params" tree, h(v_c)."""
+        out = apply_hn(hn_params, c)
+        return jax.tree.unflatten(treedef, [out[p] for p in paths])
+
+    def init(key, params_template=None, num_clients: int = 1) -> PFedHNState:
+        """A fresh hypernetwork (the template only supplies the other collections)."""
+        k_hn, k_model = jax.random.split(key)
+        hn_params = hypernet(num_clients).init(k_hn)
+        variables = model.init(k_model) if params_template is None else params_template
+        extra = {k: v for k, v in variables.items() if k != "params"}
+        return PFedHNState(
+            hn_params, optimizer.init(hn_params), broadcast(extra, num_clients), jnp.zeros([], jnp.int32)
+        )
+
+    def round_fn(state: PFedHNState, data: ClientData, key):
+        num = data.train.count.shape[0]
+        k = check_clients_per_round(clients_per_round, num)
+        sample_key, train_key = round_keys(key, state.round)
+        idx = sample_clients(sample_key, num, k)
+        # Server: the K personalized models in one batched forward pass, and its pullback.
+        starts, grad_of = H.vjp_generate(lambda p: jax.vmap(lambda c: generate(p, c))(idx), state.global_hn)
+
+        def client_update(args):
+            cid, start, extra = args
+            res = train({**extra, "params": start}, take(data.train, cid), client_key(train_key, cid))
+            delta = jax.tree.map(jnp.subtract, res.params["params"], start)
+            return delta, {c: v for c, v in res.params.items() if c != "params"}, res.loss
+
+        deltas, extra, losses = cmap(client_update, (idx, starts, gather(state.client_extra, idx)))
+        scale = 1.0 / k if combine == "mean" else 1.0
+        grads = jax.tree.map(lambda g: g * scale, grad_of(deltas))
+        hn_params, opt_state = H.apply_grads(optimizer, state.global_hn, state.global_opt_state, grads)
+        new_state = PFedHNState(
+            hn_params, opt_state, scatter(state.client_extra, idx, extra), state.round + 1
+        )
+        metrics = {
+            "train_loss": jnp.mean(losses),
+            "bytes_up": jnp.float32(k * param_bytes),
+            "bytes_down": jnp.float32(k * param_bytes),
+            "participants": jnp.int32(k),
+            "hn_grad_norm": optax.tree.norm(grads),
+        }
+        return new_state, metrics
+
+    def evaluate(state: PFedHNState, data: ClientData):
+        def variables_of(c):
+            return {**take(state.client_extra, c), "params": generate(state.global_hn, c)}
+
+        return evaluate_clients(model.apply, variables_of, data.test, cmap, local.loss)
+
+    return Algorithm(init, round_fn, evaluate)

@@ -1,0 +1,61 @@
+"""Orbax checkpoints of a run: the algorithm state plus the host loop's totals.
+
+A checkpoint holds the unpadded state (C client rows, numpy, so it does not
+depend on the device count) and a JSON dict with the running totals and the
+config it was written under, which `check_config` compares on resume.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pfljax.experiment.config import RESUMABLE_FIELDS, ConfigError
+
+
+class Checkpoints:
+    """Saves and restores (state, host) pairs under `directory`, keeping the last `keep`."""
+
+    def __init__(self, directory: str, keep: int = 2):
+        import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+        self.ocp = ocp
+        self.manager = ocp.CheckpointManager(
+            os.path.abspath(directory), options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+        )
+
+    def latest(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state: Any, host: dict) -> None:
+        args = self.ocp.args
+        self.manager.save(
+            step, args=args.Composite(state=args.StandardSave(state), host=args.JsonSave(host)), force=True
+        )
+        self.manager.wait_until_finished()
+
+    def restore_host(self, step: int) -> dict:
+        args = self.ocp.args
+        return self.manager.restore(step, args=args.Composite(host=args.JsonRestore())).host
+
+    def restore(self, step: int, template: Any) -> tuple[Any, dict]:
+        """(state shaped like `template`, host dict) of checkpoint `step`."""
+        args = self.ocp.args
+        out = self.manager.restore(
+            step, args=args.Composite(state=args.StandardRestore(template), host=args.JsonRestore())
+        )
+        return out.state, out.host
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def check_config(saved: dict, current: dict, workdir: str) -> None:
+    """ConfigError unless the configs agree on every field outside RESUMABLE_FIELDS."""
+    keys = sorted((set(saved) | set(current)) - set(RESUMABLE_FIELDS))
+    differ = [k for k in keys if saved.get(k) != current.get(k)]
+    if differ:
+        raise ConfigError(
+            f"workdir {workdir!r} holds a checkpoint of a different config (fields differ: "
+            f"{', '.join(differ)}); use another --workdir or the same config"
+        )

@@ -1,0 +1,104 @@
+"""Run outputs written as the run goes: JSON files, JSONL logs, TensorBoard events.
+
+Workdir layout (see `pfljax.experiment.train`):
+
+    config.json        the config of the run
+    metrics.jsonl      one line per evaluated round
+    traces.jsonl       non-scalar round metrics, one line per round that has any
+    summary.json       at the end
+    accuracy.png, loss.png, collaboration.png (plots)
+    tensorboard/       TensorBoard event files
+    checkpoints/       orbax checkpoints
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+
+def jsonable(value: Any) -> Any:
+    """numpy / jax scalars and arrays -> Python floats, ints and lists (NaN -> None)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        arr = np.asarray(value)
+        if arr.ndim:
+            return jsonable(arr.tolist())
+        value = arr.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def write_json(path: str, value: Any) -> None:
+    """Writes JSON atomically (a temporary file, then rename)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(jsonable(value), f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+class JsonlLog:
+    """An append-only JSON-lines file of rows keyed by "round"."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def rows(self) -> list[dict]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def truncate(self, last_round: int) -> list[dict]:
+        """Keeps rows with round <= last_round (drops what a killed run wrote
+        after its last checkpoint) and returns them."""
+        kept = [r for r in self.rows() if r["round"] <= last_round]
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, self.path)
+        return kept
+
+    def append(self, row: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(jsonable(row)) + "\n")
+
+
+class TensorBoard:
+    """Scalars to TensorBoard event files (tensorboardX; no TensorFlow import).
+
+    Args:
+      logdir: event directory.
+      purge_step: on resume, the first round written again; TensorBoard drops
+        events at or after it from earlier writers.
+    """
+
+    def __init__(self, logdir: str, purge_step: int | None = None):
+        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+
+        self.writer = SummaryWriter(logdir, purge_step=purge_step, flush_secs=10)
+
+    def scalars(self, step: int, values: dict) -> None:
+        for name, value in values.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and value is not None:
+                self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
