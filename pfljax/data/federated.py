@@ -44,7 +44,9 @@ class FederatedData(NamedTuple):
       summary: JSON-serializable description (per-client counts, classes,
         groups, label maps; totals).
       truth: generator parameters of a simulated source, else None.
-      task: "classification".
+      task: "classification", or "regression" for a per-client source with
+        real-valued targets (y float32 [C, n_max, *target]; no label maps,
+        random caps and splits; train with the "mse" loss).
     """
 
     data: ClientData
@@ -165,6 +167,12 @@ def build_federated_data(
         pools = list(zip(xs_src, ys_src, strict=True))
         parts = [np.arange(len(y)) for y in ys_src]
         truth = source.truth
+        regression = not np.issubdtype(np.asarray(ys_src[0]).dtype, np.integer)
+        if regression and permute_labels != "none":
+            raise ValueError(
+                f"permute_labels={permute_labels!r}: dataset={dataset!r} has real-valued targets, "
+                f"so permute_labels must be 'none'."
+            )
     else:
         x_all = np.concatenate([source.x_train, source.x_test])
         y_all = np.concatenate([source.y_train, source.y_test])
@@ -187,11 +195,14 @@ def build_federated_data(
         )
         pools = [(x_all, y_all)] * num_clients
         truth = None
+        regression = False
     class_sets = parts.pop() if partition == "groups" else None
+    # Caps and splits are stratified by label; real-valued targets count as one class.
+    strata = [np.zeros(len(y), np.int32) if regression else y for _, y in pools]
     if samples_per_client is not None:
         parts = [
             part.cap_per_client([p], y, samples_per_client, rng)[0]
-            for p, (_, y) in zip(parts, pools, strict=True)
+            for p, y in zip(parts, strata, strict=True)
         ]
 
     uses_groups = partition == "groups" or permute_labels == "group"
@@ -203,10 +214,13 @@ def build_federated_data(
     splits = {"train": ([], []), "test": ([], [])}
     clients = []
     for c, (idx, (x, y)) in enumerate(zip(parts, pools, strict=True)):
-        train_pos, test_pos = part.stratified_split(y[idx], test_fraction, rng)
+        train_pos, test_pos = part.stratified_split(strata[c][idx], test_fraction, rng)
         for name, pos in (("train", train_pos), ("test", test_pos)):
             splits[name][0].append(x[idx[pos]])
-            splits[name][1].append(maps[c][y[idx[pos]]].astype(np.int32))
+            targets = y[idx[pos]]
+            splits[name][1].append(
+                targets.astype(np.float32) if regression else maps[c][targets].astype(np.int32)
+            )
         if len(train_pos) == 0:
             raise ValueError(
                 f"num_clients={num_clients}: client {c} got no training "
@@ -219,9 +233,9 @@ def build_federated_data(
                 "group": int(group_ids[c]) if uses_groups else None,
                 "train": int(len(train_pos)),
                 "test": int(len(test_pos)),
-                "classes": sorted(int(k) for k in np.unique(maps[c][y[idx]])),
-                "source_classes": sorted(int(k) for k in np.unique(y[idx])),
-                "label_map": maps[c].tolist(),
+                "classes": [] if regression else sorted(int(k) for k in np.unique(maps[c][y[idx]])),
+                "source_classes": [] if regression else sorted(int(k) for k in np.unique(y[idx])),
+                "label_map": [] if regression else maps[c].tolist(),
             }
         )
 
@@ -229,6 +243,7 @@ def build_federated_data(
     input_shape = tuple(int(s) for s in train.x.shape[2:])
     summary = {
         "dataset": dataset,
+        "task": "regression" if regression else "classification",
         "partition": partition,
         "num_clients": num_clients,
         "num_classes": model_classes,
@@ -241,7 +256,8 @@ def build_federated_data(
         "totals": {"train": sum(c["train"] for c in clients), "test": sum(c["test"] for c in clients)},
         "clients": clients,
     }
-    return FederatedData(ClientData(train, test), model_classes, input_shape, summary, truth)
+    task = "regression" if regression else "classification"
+    return FederatedData(ClientData(train, test), model_classes, input_shape, summary, truth, task)
 
 
 def _partition(

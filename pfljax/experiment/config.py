@@ -33,6 +33,7 @@ IDX_DIR = "/usr/share/datasets/fashion-mnist"
 COMMON_BUILD_ARGS = ("model", "local", "clients_per_round", "client_map")
 SIMPLE_TYPES = (bool, int, float, str)
 OPTIMIZERS = ("sgd", "adam", "adamw")
+LOSS_NAMES = ("auto", "cross_entropy", "mse")
 # Fields that may change between a run and its resumption (they do not change
 # the trained state): more rounds, other output cadence, other devices.
 RESUMABLE_FIELDS = (
@@ -127,6 +128,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.learning_rate = 0.05
     config.momentum = 0.9
     config.weight_decay = 0.0
+    config.loss = "auto"  # auto: cross_entropy for classification data, mse for regression (sine)
     # Model (pfljax.models.build_model); model_kwargs go to the flax module.
     config.model = "mlp"
     config.model_kwargs = ml_collections.ConfigDict({"hidden": (200,)})
@@ -200,6 +202,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check(
         config.optimizer in OPTIMIZERS, "optimizer", f"must be one of {OPTIMIZERS}, got {config.optimizer!r}"
     )
+    _check(config.loss in LOSS_NAMES, "loss", f"must be one of {LOSS_NAMES}, got {config.loss!r}")
     _check(config.learning_rate > 0, "learning_rate", f"must be > 0, got {config.learning_rate}")
     _check(0 <= config.momentum < 1, "momentum", f"must be in [0, 1), got {config.momentum}")
     _check(config.weight_decay >= 0, "weight_decay", f"must be >= 0, got {config.weight_decay}")
@@ -237,13 +240,18 @@ def make_optimizer(config) -> optax.GradientTransformation:
     return opt
 
 
-def make_local(config) -> LocalTraining:
+def make_local(config, task: str = "classification") -> LocalTraining:
+    """LocalTraining from the common fields; loss "auto" follows the data's task."""
     steps = config.local_steps or None
+    loss = config.loss
+    if loss == "auto":
+        loss = "mse" if task == "regression" else "cross_entropy"
     return LocalTraining(
         make_optimizer(config),
         batch_size=config.batch_size,
         steps=steps,
         epochs=None if steps else config.local_epochs,
+        loss=loss,
     ).validate()
 
 
@@ -292,14 +300,14 @@ def make_client_map(config, mesh=None):
     return ShardedMap(mesh, inner)
 
 
-def make_algorithm(config, model: Model, client_map) -> Algorithm:
+def make_algorithm(config, model: Model, client_map, task: str = "classification") -> Algorithm:
     """`pfljax.algorithms.<algorithm>.build(model, local, ..., **config.<algorithm>)`."""
     name = config.algorithm
     options = _tuples(to_plain(config[name])) if name in config else {}
     try:
         return algorithms.get(name).build(
             model,
-            make_local(config),
+            make_local(config, task),
             clients_per_round=config.clients_per_round or None,
             client_map=client_map,
             **options,
@@ -340,7 +348,9 @@ def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
     fed_data = make_data(config) if fed_data is None else fed_data
     model = make_model(config, fed_data)
     mesh = client_mesh(config.num_devices)
-    algorithm = make_algorithm(config, model, make_client_map(config, mesh if mesh.size > 1 else None))
+    algorithm = make_algorithm(
+        config, model, make_client_map(config, mesh if mesh.size > 1 else None), fed_data.task
+    )
     return Prepared(algorithms.get(config.algorithm), fed_data, model, algorithm, mesh)
 
 

@@ -217,3 +217,15 @@ def test_more_groups_than_classes_and_more_clients_than_samples(monkeypatch):
 def test_per_client_source_rejects_other_partitions():
     with pytest.raises(ValueError, match="partition"):
         build_federated_data("simulation", 3, partition="dirichlet", source_kwargs=SIM)
+
+
+def test_regression_source_keeps_real_targets():
+    """A per-client source with float targets (the sine toy) gives task "regression",
+    float32 targets split at random, and refuses label permutations."""
+    fd = build_federated_data("sine", 4, samples_per_client=30, test_fraction=0.2, seed=1)
+    assert fd.task == "regression" and fd.summary["task"] == "regression"
+    assert fd.data.train.y.dtype == np.float32 and fd.data.train.y.shape[-1] == 1
+    np.testing.assert_array_equal(np.asarray(fd.data.train.count) + np.asarray(fd.data.test.count), 30)
+    assert np.all(np.abs(np.asarray(fd.data.train.y)) <= 1.6)  # sin + small noise, not class ids
+    with pytest.raises(ValueError, match="permute_labels"):
+        build_federated_data("sine", 4, permute_labels="client")
