@@ -1,6 +1,7 @@
 """Round throughput: the library's jitted round vs a Python loop over clients.
 
     python -m experiments.bench [--json] [--cases=cnn,mlp] [--strategies=auto,vmap,map]
+        [--conv_impl=auto|native|im2col] [--clients=N]
 
 For each case it prints samples/s of one FedAvg round (all local updates in one
 jit, with the client-mapping strategy given, "auto" being the library's
@@ -9,7 +10,8 @@ per-client local_train (the usual PyTorch-style structure), the achieved
 GFLOP/s of the round (XLA's cost analysis of one train step, times steps), and
 a measured float32 matmul peak.
 
-Cases: "cnn" (the CNN on 28x28x1, 10 clients x 50 steps x batch 32) and "mlp"
+Cases: "cnn" (the CNN on 28x28x1, 10 clients x 50 steps x batch 32), "resnet9"
+(ResNet-9 on 32x32x3, 10 clients x 10 steps x batch 32) and "mlp"
 (the FedFac simulation MLP: d=100, m=200 hidden, 100 clients x 20 steps x
 batch 32). Data are random arrays of the right shapes (throughput only).
 """
@@ -34,13 +36,18 @@ from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("json", False, "print one JSON object per line")
-flags.DEFINE_list("cases", ["cnn", "mlp"], "cases to run: cnn, mlp")
+flags.DEFINE_list("cases", ["cnn", "mlp"], "cases to run: cnn, mlp, resnet9")
 flags.DEFINE_list("strategies", ["auto"], "client-mapping strategies: auto, vmap, map")
 flags.DEFINE_integer("chunk_size", 0, "lax.map batch_size for strategy=map (0: None)")
 flags.DEFINE_integer("repeats", 3, "timed repetitions (best is reported)")
+flags.DEFINE_enum("conv_impl", "auto", ["auto", "native", "im2col"], "CNN convolution implementation")
+flags.DEFINE_integer("clients", 0, "number of clients (0: the case's own)")
 
 CASES = {
     "cnn": dict(model="cnn", input_shape=(28, 28, 1), classes=10, clients=10, rows=1000, steps=50, batch=32),
+    "resnet9": dict(
+        model="resnet9", input_shape=(32, 32, 3), classes=10, clients=10, rows=320, steps=10, batch=32
+    ),
     "mlp": dict(
         model="mlp", input_shape=(100,), classes=2, clients=100, rows=400, steps=20, batch=32, hidden=(200,)
     ),
@@ -63,8 +70,8 @@ def _timed(fn) -> float:
 
 
 def make_case(name: str):
-    c = CASES[name]
-    kwargs = {"hidden": c["hidden"]} if "hidden" in c else {}
+    c = dict(CASES[name], clients=FLAGS.clients or CASES[name]["clients"])
+    kwargs = {"hidden": c["hidden"]} if "hidden" in c else {"conv_impl": FLAGS.conv_impl}
     model = build_model(c["model"], c["input_shape"], c["classes"], **kwargs)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(c["clients"], c["rows"], *c["input_shape"])).astype(np.float32)
@@ -140,6 +147,8 @@ def main(argv):
             round_s = bench_round(model, spec, data, strategy, chunk, FLAGS.repeats)
             row = {
                 "case": name,
+                "clients": c["clients"],
+                "conv_impl": FLAGS.conv_impl if "hidden" not in c else None,
                 "strategy": resolved + (f"/chunk={chunk}" if chunk and resolved == "map" else ""),
                 "round_samples_per_s": round(samples / round_s, 1),
                 "loop_samples_per_s": round(samples / loop_s, 1),

@@ -10,11 +10,11 @@ This is what `make demo` runs with the default config.
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from pfljax.experiment import ConfigError, compare
-from pfljax.experiment.cli import fail, initialize_distributed, parse_flags
+from pfljax.experiment.cli import fail, parse_flags, start
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory")
@@ -27,11 +27,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-    if _DISTRIBUTED.value:
-        initialize_distributed()
-    if len(argv) > 1:
-        fail(f"unexpected arguments: {' '.join(argv[1:])}")
+    start(argv, _DISTRIBUTED.value)
     try:
         seeds = [int(s) for s in _SEEDS.value]
     except ValueError:

@@ -8,11 +8,11 @@ checkpoint. Bad input: a one-line error and exit code 2.
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from pfljax.experiment import ConfigError, train_and_evaluate
-from pfljax.experiment.cli import fail, initialize_distributed, parse_flags
+from pfljax.experiment.cli import fail, parse_flags, start
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (resumed if it holds checkpoints)")
@@ -23,11 +23,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
-    if _DISTRIBUTED.value:
-        initialize_distributed()
-    if len(argv) > 1:
-        fail(f"unexpected arguments: {' '.join(argv[1:])}")
+    start(argv, _DISTRIBUTED.value)
     try:
         summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except ConfigError as e:

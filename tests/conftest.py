@@ -1,6 +1,10 @@
 """Test-wide JAX settings.
 
 - Silent broadcasting across the client axis is an error (rank promotion).
+- float32 matmuls and convolutions in full precision: on GPU/TPU JAX's default
+  uses TF32 / bf16 passes (relative errors ~1e-3), which is fine for training
+  but not for comparing a mapped round with a per-client loop at float32
+  tolerances. No effect on CPU.
 - A persistent compilation cache: tests rebuild the same small programs many
   times; identical programs then compile once per machine.
 """
@@ -10,6 +14,7 @@ import os
 import jax
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update(
     "jax_compilation_cache_dir",
     os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".jax_cache")),

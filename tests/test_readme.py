@@ -45,3 +45,13 @@ def test_import_pfljax_is_light():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+def test_every_algorithm_is_reexported_and_listed_in_readme():
+    import pfljax  # noqa: PLC0415
+
+    text = open(os.path.join(ROOT, "README.md")).read()
+    inside = text[text.index("## What is inside") : text.index("## Running experiments")]
+    for name in pfljax.algorithms.available():
+        assert getattr(pfljax, name) is pfljax.algorithms.get(name), name
+        assert f"`{name}`" in inside, f"README 'What is inside' does not list {name}"

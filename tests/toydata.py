@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from pfljax.core.types import ClientArrays, ClientData
 
@@ -38,3 +40,25 @@ def with_junk_rows(arrays: ClientArrays, extra: int, value: float = 7.0) -> Clie
     x = jnp.where(pad.reshape(pad.shape + (1,) * (x.ndim - 2)), value, x)
     y = jnp.where(pad.reshape(pad.shape + (1,) * (y.ndim - 2)), 1, y)
     return ClientArrays(x, y, arrays.count)
+
+
+def masked_ce_grad(model):
+    """Jitted gradient of the weighted mean cross-entropy of `model` on rows
+    (idx, weight) of one client's arrays: the reference loops' minibatch step."""
+
+    def loss(params, rows, data):
+        idx, w = rows
+        logits = model.apply({"params": params}, data.x[idx])[0]
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, data.y[idx])
+        return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+    return jax.jit(jax.grad(loss))
+
+
+def opposite_groups(counts, seed):
+    """Clients in the second half see labels y -> 2 - y (classes 0 and 2 swapped)."""
+    arrays = toy_arrays(counts, seed=seed)
+    num = len(counts)
+    second = (jnp.arange(num) >= num // 2)[:, None]
+    real = jnp.arange(arrays.y.shape[1])[None, :] < arrays.count[:, None]
+    return arrays._replace(y=jnp.where(second & real, 2 - arrays.y, arrays.y))

@@ -44,3 +44,15 @@ def initialize_distributed() -> None:
     if "JAX_PROCESS_ID" in os.environ:
         kwargs["process_id"] = int(os.environ["JAX_PROCESS_ID"])
     jax.distributed.initialize(**kwargs)
+
+
+def start(argv: list[str], distributed: bool) -> None:
+    """Common prologue of the binaries' `main`: quiet orbax logging, multi-host
+    initialization when asked, and no stray positional arguments."""
+    from absl import logging  # pylint: disable=import-outside-toplevel
+
+    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+    if distributed:
+        initialize_distributed()
+    if len(argv) > 1:
+        fail(f"unexpected arguments: {' '.join(argv[1:])}")

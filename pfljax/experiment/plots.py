@@ -25,6 +25,16 @@ def _integer_rounds(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def _save_round_plot(plt, fig, ax, path: str) -> None:
+    """Integer round ticks, grid, legend; writes the figure to `path` and closes it."""
+    _integer_rounds(ax)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _column(rows: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     pairs = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
     if not pairs:
@@ -45,12 +55,7 @@ def plot_accuracy(rows: Sequence[dict], path: str, title: str = "") -> None:
     xw, worst = _column(rows, "worst10_accuracy")
     ax.plot(xw, worst, linestyle="--", label="worst 10% of clients")
     ax.set(xlabel="round", ylabel="test accuracy", title=title)
-    _integer_rounds(ax)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save_round_plot(plt, fig, ax, path)
 
 
 def plot_loss(rows: Sequence[dict], path: str, title: str = "") -> None:
@@ -61,12 +66,7 @@ def plot_loss(rows: Sequence[dict], path: str, title: str = "") -> None:
         x, y = _column(rows, key)
         ax.plot(x, y, marker=".", label=label)
     ax.set(xlabel="round", ylabel="loss", title=title)
-    _integer_rounds(ax)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save_round_plot(plt, fig, ax, path)
 
 
 def plot_matrix(matrix, path: str, title: str = "collaboration matrix") -> None:
@@ -91,9 +91,4 @@ def plot_overlay(curves: dict[str, tuple], path: str, title: str = "") -> None:
         if std is not None:
             ax.fill_between(x, mean - std, mean + std, alpha=0.15, color=line.get_color())
     ax.set(xlabel="round", ylabel="mean test accuracy", title=title)
-    _integer_rounds(ax)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save_round_plot(plt, fig, ax, path)

@@ -1,9 +1,14 @@
 """Convolution and pooling whose implementation follows the backend.
 
-XLA's CPU convolution is slow, above all batched over clients; the same
-convolution written as im2col (shifted slices concatenated on the channel
-axis, then one matmul) runs about 10x faster there. On GPU/TPU the native
-`lax.conv_general_dilated` is used. Both are tested equal (outputs and grads).
+A convolution written as im2col (shifted slices concatenated on the channel
+axis, then one matmul) is the default on CPU and GPU: XLA's CPU convolution is
+about 10x slower, and on GPU the native convolution vmapped over clients (each
+with its own kernel) becomes a grouped convolution that runs no faster than a
+loop over clients. Measured on an H100 (`python -m experiments.bench
+--cases=cnn --conv_impl=native|im2col --strategies=vmap`), a FedAvg round of
+the CNN: 10 clients 216k -> 1.07M samples/s, 100 clients 401k -> 1.49M. On TPU
+(not measured here) the native `lax.conv_general_dilated` stays the default.
+Both are tested equal (outputs and grads).
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ IMPLS = ("auto", "im2col", "native")
 
 
 def resolve_impl(impl: str) -> str:
-    """'auto' -> 'im2col' on CPU, 'native' elsewhere."""
+    """'auto' -> 'native' on TPU, 'im2col' elsewhere (CPU, GPU)."""
     if impl not in IMPLS:
         raise ValueError(f"conv impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "im2col" if jax.default_backend() == "cpu" else "native"
+        return "native" if jax.default_backend() == "tpu" else "im2col"
     return impl
 
 

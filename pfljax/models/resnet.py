@@ -15,7 +15,7 @@ with widths (w0, w1, w2) = (64, 128, 256). `bn_i` follows `conv_i`. With
 `factorized=True` every convolution is a `FactorizedConv` and the head a
 `FactorizedDense`; `materialize` of its parameters has exactly the tree of
 the plain network. Convolutions use `pfljax.models.conv.conv2d` (im2col on
-CPU, native elsewhere).
+CPU and GPU, native on TPU).
 """
 
 from __future__ import annotations

@@ -19,19 +19,10 @@ from pfljax.core.params import tree_bytes
 from pfljax.core.sampling import sample_clients
 from pfljax.core.types import ClientData
 from pfljax.models import build_model
-from tests.toydata import toy_arrays
+from tests.toydata import opposite_groups
 
 MODEL = build_model("mlp", (6,), 3, hidden=(16,))
 SPEC = LocalTraining(optax.sgd(0.1), batch_size=8, epochs=1, steps=None)
-
-
-def opposite_groups(counts, seed):
-    """Clients in the second half see labels y -> 2 - y (classes 0 and 2 swapped)."""
-    arrays = toy_arrays(counts, seed=seed)
-    num = len(counts)
-    second = (jnp.arange(num) >= num // 2)[:, None]
-    real = jnp.arange(arrays.y.shape[1])[None, :] < arrays.count[:, None]
-    return arrays._replace(y=jnp.where(second & real, 2 - arrays.y, arrays.y))
 
 
 def brute_force_split(sim, members):
@@ -167,10 +158,7 @@ def test_splits_the_two_opposite_label_groups_once():
 
     chex.clear_trace_counter()
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def rnd(state, data, key):
-        return alg.round(state, data, key)
+    rnd = jax.jit(chex.assert_max_traces(alg.round, n=1))
 
     state = alg.init(jax.random.key(0), None, len(counts))
     history = []

@@ -72,10 +72,7 @@ def test_conformance(name):
         if field.startswith("client_"):
             chex.assert_tree_shape_prefix(value, (NUM,))
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def vmap_round(state, data, key):
-        return vmap_alg.round(state, data, key)
+    vmap_round = jax.jit(chex.assert_max_traces(vmap_alg.round, n=1))
 
     states = [state]
     for r in range(ROUNDS):

@@ -188,10 +188,7 @@ def test_round_traces_once_and_never_participating_clients_stay_put():
     data = toy_data(COUNTS)
     alg = F.build(MODEL, SPEC, clients_per_round=2, tau=0.5, min_keep=2)
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def rnd(state, data, key):
-        return alg.round(state, data, key)
+    rnd = jax.jit(chex.assert_max_traces(alg.round, n=1))
 
     state0 = alg.init(jax.random.key(0), None, len(COUNTS))
     state = state0

@@ -75,10 +75,7 @@ def test_round_traces_once():
     data = toy_data(COUNTS)
     alg = fedavg.build(MODEL, SPEC, clients_per_round=3)
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def rnd(state, data, key):
-        return alg.round(state, data, key)
+    rnd = jax.jit(chex.assert_max_traces(alg.round, n=1))
 
     state = alg.init(jax.random.key(0), None, len(COUNTS))
     for r in range(4):

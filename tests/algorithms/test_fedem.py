@@ -99,10 +99,7 @@ def test_round_equals_per_client_loop_and_vmap_traces_once():
 
     chex.clear_trace_counter()
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def vmap_round(state, data, key):
-        return vmap_alg.round(state, data, key)
+    vmap_round = jax.jit(chex.assert_max_traces(vmap_alg.round, n=1))
 
     state = states[0]
     for r in range(3):

@@ -224,10 +224,7 @@ def test_round_equals_per_client_loop(strategy, estep_data, accumulate):
     state = alg.init(jax.random.key(0), None, C)
     chex.clear_trace_counter()
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def rnd(state, data, key):
-        return alg.round(state, data, key)
+    rnd = jax.jit(chex.assert_max_traces(alg.round, n=1))
 
     for r in range(3):
         key = jax.random.key(10 + r)

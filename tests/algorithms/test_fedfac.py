@@ -89,10 +89,7 @@ def test_static_split_traces_once_and_stays_fixed():
     data = toy_data(COUNTS)
     alg = fedfac.build(MODEL, SPEC, clients_per_round=3, mode="static", tau_quantile=25.0)
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def rnd(state, data, key):
-        return alg.round(state, data, key)
+    rnd = jax.jit(chex.assert_max_traces(alg.round, n=1))
 
     state = alg.init(jax.random.key(0), None, len(COUNTS))
     history = []
@@ -122,14 +119,24 @@ def run(alg, data, rounds=3, key=5, evaluate=True):
     return state, metrics, (jax.jit(alg.evaluate)(state, data) if evaluate else None)
 
 
+def assert_same(a, b):
+    """Bit for bit on CPU. Two different programs on GPU/TPU may fuse and order their
+    reductions differently (seen on an H100: 1 ulp in the head), so there float32 rounding."""
+    if jax.default_backend() == "cpu":
+        chex.assert_trees_all_equal(a, b)
+    else:
+        chex.assert_trees_all_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_tau_zero_is_fedavg_bit_for_bit():
     data = toy_data(COUNTS)
     a, ma, ea = run(fedfac.build(MODEL, SPEC, clients_per_round=5, tau_quantile=0.0, server_lr=0.7), data)
     b, mb, eb = run(fedavg.build(MODEL, SPEC, clients_per_round=5, server_lr=0.7), data)
-    chex.assert_trees_all_equal(a.global_params, b.global_params)
-    for key in ("accuracy", "loss", "count"):
-        np.testing.assert_array_equal(ea[key], eb[key])
-    assert ma["train_loss"] == mb["train_loss"]
+    assert_same(a.global_params, b.global_params)
+    assert_same(
+        {k: ea[k] for k in ("accuracy", "loss", "count")}, {k: eb[k] for k in ("accuracy", "loss", "count")}
+    )
+    assert_same(ma["train_loss"], mb["train_loss"])
 
 
 def test_tau_hundred_on_last_hidden_layer_is_fedper_bit_for_bit():
@@ -144,9 +151,10 @@ def test_tau_hundred_on_last_hidden_layer_is_fedper_bit_for_bit():
         evaluate=False,
     )
     other = lambda t: {p: v for p, v in flat(t).items() if "hidden_1" not in p}  # noqa: E731
-    chex.assert_trees_all_equal(other(a.global_params), other(b.global_params))
-    chex.assert_trees_all_equal(a.client_params, b.client_params)
-    assert ma["bytes_up"] == mb["bytes_up"] and ma["train_loss"] == mb["train_loss"]
+    assert_same(other(a.global_params), other(b.global_params))
+    assert_same(a.client_params, b.client_params)
+    assert ma["bytes_up"] == mb["bytes_up"]
+    assert_same(ma["train_loss"], mb["train_loss"])
 
 
 def test_masking_an_empty_group_changes_nothing():

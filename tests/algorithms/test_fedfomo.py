@@ -17,8 +17,7 @@ from pfljax.core.params import tree_bytes
 from pfljax.core.sampling import sample_clients
 from pfljax.core.types import ClientArrays, ClientData
 from pfljax.models import build_model
-from tests.algorithms.test_cfl import opposite_groups
-from tests.toydata import toy_data
+from tests.toydata import opposite_groups, toy_data
 
 COUNTS = (12, 7, 20, 3, 9, 15)
 MODEL = build_model("mlp", (6,), 3, hidden=(8,))
@@ -133,10 +132,7 @@ def test_round_equals_per_client_loop_and_vmap_traces_once():
 
     chex.clear_trace_counter()
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def vmap_round(state, data, key):
-        return vmap_alg.round(state, data, key)
+    vmap_round = jax.jit(chex.assert_max_traces(vmap_alg.round, n=1))
 
     state = states[0]
     for r in range(3):

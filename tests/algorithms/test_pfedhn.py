@@ -87,10 +87,7 @@ def test_step_is_grad_of_inner_product_with_minus_delta_and_vmap_traces_once():
 
     chex.clear_trace_counter()
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def vmap_round(state, data, key):
-        return vmap_alg.round(state, data, key)
+    vmap_round = jax.jit(chex.assert_max_traces(vmap_alg.round, n=1))
 
     state = states[0]
     want = loop_step(state, data, jax.random.key(2), 3, 0.1, "mean")

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.study_pfedla import overlap_data
+from experiments.pfedla_study import overlap_data
 from pfljax.algorithms import fedavg, local, pfedla
 from pfljax.core import hypernet
 from pfljax.core.clients import client_key, round_keys, take
@@ -134,10 +134,7 @@ def test_round_equals_per_client_loop_and_traces_once(strategy, k):
         {"hidden_0": C, "head": C}, embedding_dim=5, hidden=(7, 6), head_init="uniform01"
     )
 
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def rnd(state, data, key):
-        return alg.round(state, data, key)
+    rnd = jax.jit(chex.assert_max_traces(alg.round, n=1))
 
     for r in range(2):
         key = jax.random.fold_in(jax.random.key(7), r)
@@ -296,7 +293,7 @@ def test_bad_arguments(kwargs, match):
 # Fashion-MNIST runs. The hypernetwork learning rate is raised from the default 5e-3
 # (the public code's default, used there with 10 local epochs of a large CNN, whose
 # deltas are far larger) to 0.5: with one local epoch of a small MLP over 15-20 rounds,
-# 5e-3 leaves every weight within 0.003 of uniform (issue-6 note, experiments/study_pfedla.py).
+# 5e-3 leaves every weight within 0.003 of uniform (issue-6 note, experiments/pfedla_study.py).
 FM_SPEC = LocalTraining(optax.sgd(0.05), batch_size=32, epochs=1, steps=None)
 FM_HN = dict(hn_lr=0.5)
 

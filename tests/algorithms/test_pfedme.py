@@ -15,7 +15,7 @@ from pfljax.core.local import LocalTraining
 from pfljax.core.sampling import sample_clients
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
-from tests.toydata import toy_data
+from tests.toydata import masked_ce_grad, toy_data
 
 COUNTS = (12, 7, 20, 3, 9)
 MODEL = build_model("mlp", (6,), 3, hidden=(8,))
@@ -23,14 +23,7 @@ ETA, LAM, K, P_LR, BETA, STEPS, B = 0.05, 2.0, 3, 0.1, 0.7, 4, 4
 SPEC = LocalTraining(optax.sgd(ETA), batch_size=B, steps=STEPS, epochs=None)
 
 
-def loss(params, rows, data):
-    idx, w = rows
-    logits = MODEL.apply({"params": params}, data.x[idx])[0]
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, data.y[idx])
-    return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
-
-
-GRAD = jax.jit(jax.grad(loss))
+GRAD = masked_ce_grad(MODEL)
 
 
 def loop_client(w, data, key):

@@ -1,9 +1,9 @@
 """pFedLA studies on Fashion-MNIST: learned weights vs label overlap, label conflict, and
 the comparison with Local / FedAvg / FedAvg+ (numbers for the issue-6 note).
 
-    python -m experiments.study_pfedla --study=overlap [--rounds=40]
-    python -m experiments.study_pfedla --study=conflict
-    python -m experiments.study_pfedla --study=compare --variants=local,fedavg,fedavg_ft,pfedla
+    python -m experiments.pfedla_study --study=overlap [--rounds=40]
+    python -m experiments.pfedla_study --study=conflict
+    python -m experiments.pfedla_study --study=compare --variants=local,fedavg,fedavg_ft,pfedla
 
 Studies:
 - overlap: 8 clients, client c holds classes c..c+3 (mod 10), so neighbours share 3
