@@ -27,6 +27,8 @@ every participating client i:
    (`combine_gradients`: a segment sum over pairs). The round takes S such
    steps (S = local.steps, or local.epochs epochs of minibatches), each on the
    current models; a model steps only if it received positive total weight.
+   `m_step="mean"` (not in the paper) divides g_j by that total weight, for
+   optimizers that are not scale-invariant (plain SGD).
 
 Prediction for client i is the mixture sum_j w_ij p(y | x; theta_j)
 (classification: log of the mixed class probabilities; regression: the
@@ -91,6 +93,7 @@ LOSS_SCALES = ("sum", "mean")
 ACCUMULATE = ("ema", "cumulative")
 ESTEP_DATA = ("batch", "full")
 INITIAL_LOSSES = ("first", "zero")
+M_STEPS = ("sum", "mean")
 
 
 class FedericoState(NamedTuple):
@@ -207,7 +210,7 @@ def mixture_outputs(outputs: jax.Array, weights: jax.Array, loss_name: str) -> j
     return jnp.sum(weights.reshape(shape) * outputs, axis=0)
 
 
-def _check(neighbours, epsilon, beta, loss_scale, accumulate, estep_data, initial_loss, mixture_size):
+def _check(neighbours, epsilon, beta, loss_scale, accumulate, estep_data, initial_loss, mixture_size, m_step):
     if isinstance(neighbours, bool) or int(neighbours) != neighbours or neighbours < 0:
         raise ValueError(f"neighbours must be an integer >= 0, got {neighbours!r}")
     if not 0.0 <= epsilon <= 1.0:
@@ -219,6 +222,7 @@ def _check(neighbours, epsilon, beta, loss_scale, accumulate, estep_data, initia
         ("accumulate", accumulate, ACCUMULATE),
         ("estep_data", estep_data, ESTEP_DATA),
         ("initial_loss", initial_loss, INITIAL_LOSSES),
+        ("m_step", m_step, M_STEPS),
     ):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
@@ -241,6 +245,7 @@ def build(
     initial_loss: str = "first",
     shared_init: bool = False,
     mixture_size: int = 0,
+    m_step: str = "sum",
 ) -> Algorithm:
     """FedeRiCo (see the module docstring).
 
@@ -267,8 +272,17 @@ def build(
         identical losses, a uniform posterior and identical gradients forever.
       mixture_size: models in each client's prediction mixture, the largest
         weights (0: all C).
+      m_step: "sum" (the paper: g_j = sum_i w_ij grad L_i, with L_i the summed
+        NLL under loss_scale="sum", so a model's step grows with n_i and with
+        how many clients pick it; fine with Adam, the paper's optimizer) or
+        "mean" (g_j divided by sum_i w_ij (times n_i): a posterior-weighted
+        average of per-sample-mean gradients, whose scale plain SGD needs; not
+        in the paper). Measured on Fashion-MNIST, 10 clients x 4 classes, SGD
+        1e-2, 100 rounds, 3 seeds: "sum" diverged (23.2%), "mean" 89.9%;
+        Adam 1e-3 with "sum" 90.9%.
     """
-    _check(neighbours, epsilon, beta, loss_scale, accumulate, estep_data, initial_loss, mixture_size)
+    _check(neighbours, epsilon, beta, loss_scale, accumulate, estep_data, initial_loss, mixture_size, m_step)
+    average_gradients = m_step == "mean"
     local = local.validate()
     cmap = as_client_map(client_map)
     loss_obj = get_loss(local.loss)
@@ -389,6 +403,9 @@ def build(
             rows = jnp.arange(k)[:, None]
             coef = post[rows, nbrs] * scale[:, None] * active
             summed, total = combine_gradients(grads, coef.reshape(-1), pair_model, num)
+            if average_gradients:
+                inv = 1.0 / jnp.maximum(total, 1e-30)
+                summed = jax.tree.map(lambda g: g * inv.reshape((-1,) + (1,) * (g.ndim - 1)), summed)
             new_params, new_opt = cmap(update_one, (summed, opt_state, variables["params"], total > 0))
             variables = {**variables, "params": new_params}
             if rest_keys:  # BatchNorm statistics: the owners' own forward passes (pair column 0)

@@ -23,6 +23,7 @@ COUNTS = (12, 7, 20, 3, 9, 15)
 C = len(COUNTS)
 MODEL = build_model("mlp", (6,), 3, hidden=(8,))
 ADAM = LocalTraining(optax.adam(0.05), batch_size=4, steps=3, epochs=None)
+SGD = LocalTraining(optax.sgd(0.05), batch_size=4, steps=3, epochs=None)  # sees the M-step's scale
 IDX_DIR = "/usr/share/datasets/fashion-mnist"
 ALG = federico.build(MODEL, ADAM, neighbours=2, client_map="map")  # shared: one compiled round
 
@@ -145,7 +146,7 @@ def test_uniform_posterior_gives_every_model_the_same_averaged_gradient():
 
 
 # ------------------------------------------------------- oracle: per-client loop
-def loop_round(state, data, key, *, k, neighbours, epsilon, beta, spec, estep_data, accumulate):
+def loop_round(state, data, key, *, k, neighbours, epsilon, beta, spec, estep_data, accumulate, m_step="sum"):
     """One FedeRiCo round as plain Python loops over clients and their neighbours."""
     sample_key, train_key = round_keys(key, state.round)
     idx = np.asarray(sample_clients(sample_key, C, k))
@@ -208,19 +209,24 @@ def loop_round(state, data, key, *, k, neighbours, epsilon, beta, spec, estep_da
                 total[j] += coef
         for j in range(C):
             if total[j] > 0:
-                g = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), acc[j])
+                norm = total[j] if m_step == "mean" else 1.0
+                g = jax.tree.map(lambda a, norm=norm: jnp.asarray(a / norm, jnp.float32), acc[j])
                 upd, opts[j] = spec.optimizer.update(g, opts[j], models[j])
                 models[j] = optax.apply_updates(models[j], upd)
     return models, losses, post
 
 
 @pytest.mark.parametrize(
-    "strategy,estep_data,accumulate", [("map", "batch", "ema"), ("vmap", "full", "cumulative")]
+    "strategy,estep_data,accumulate,m_step",
+    [("map", "batch", "ema", "sum"), ("vmap", "full", "cumulative", "sum"), ("map", "batch", "ema", "mean")],
 )
-def test_round_equals_per_client_loop(strategy, estep_data, accumulate):
+def test_round_equals_per_client_loop(strategy, estep_data, accumulate, m_step):
     data = toy_data(COUNTS)
-    kw = dict(neighbours=2, epsilon=0.3, beta=0.6, estep_data=estep_data, accumulate=accumulate)
-    alg = federico.build(MODEL, ADAM, clients_per_round=4, client_map=strategy, **kw)
+    kw = dict(
+        neighbours=2, epsilon=0.3, beta=0.6, estep_data=estep_data, accumulate=accumulate, m_step=m_step
+    )
+    spec = SGD if m_step == "mean" else ADAM
+    alg = federico.build(MODEL, spec, clients_per_round=4, client_map=strategy, **kw)
     state = alg.init(jax.random.key(0), None, C)
     chex.clear_trace_counter()
 
@@ -228,7 +234,7 @@ def test_round_equals_per_client_loop(strategy, estep_data, accumulate):
 
     for r in range(3):
         key = jax.random.key(10 + r)
-        models, losses, post = loop_round(state, data, key, k=4, spec=ADAM, **kw)
+        models, losses, post = loop_round(state, data, key, k=4, spec=spec, **kw)
         state, metrics = rnd(state, data, key)
         for c in range(C):
             chex.assert_trees_all_close(
@@ -325,6 +331,7 @@ def test_evaluate_one_hot_posterior_uses_that_model():
         (dict(estep_data="test"), "estep_data"),
         (dict(initial_loss="inf"), "initial_loss"),
         (dict(mixture_size=-2), "mixture_size"),
+        (dict(m_step="avg"), "m_step"),
         (dict(client_map="pmap"), "strategy"),
     ],
 )
