@@ -69,18 +69,22 @@ def max_pool(x: jax.Array, window: int = 2) -> jax.Array:
 
 
 class Conv(nn.Module):
-    """Conv layer with leaves `kernel` [kh, kw, Cin, Cout] and `bias` [Cout]."""
+    """Conv layer with leaves `kernel` [kh, kw, Cin, Cout] (lecun normal) and, with
+    `use_bias`, `bias` [Cout] (zeros)."""
 
     features: int
     kernel_size: tuple[int, int] = (5, 5)
     strides: tuple[int, int] = (1, 1)
     padding: str = "SAME"
     impl: str = "auto"
+    use_bias: bool = True
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         shape = (*self.kernel_size, x.shape[-1], self.features)
         kernel = self.param("kernel", nn.initializers.lecun_normal(), shape)
-        bias = self.param("bias", nn.initializers.zeros, (self.features,))
         y = conv2d(x, kernel, strides=self.strides, padding=self.padding, impl=self.impl)
+        if not self.use_bias:
+            return y
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
         return y + bias.reshape((1,) * (y.ndim - 1) + (-1,))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 
-from pfljax.models.conv import conv2d, max_pool
+from pfljax.models.conv import Conv, max_pool
 from pfljax.models.factorized import FactorizedConv, FactorizedDense
 
 # (features index, kernel, stride, padding) of conv_0..conv_7; features index into `widths`.
@@ -39,22 +39,6 @@ LAYOUT = (
     (2, 3, 1, "SAME"),
     (2, 3, 1, "VALID"),
 )
-
-
-class PlainConv(nn.Module):
-    """Convolution without bias; leaf `kernel` [F, F, I, O] (lecun normal)."""
-
-    features: int
-    kernel_size: tuple[int, int] = (3, 3)
-    strides: tuple[int, int] = (1, 1)
-    padding: str = "SAME"
-    impl: str = "auto"
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        shape = (*self.kernel_size, x.shape[-1], self.features)
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), shape)
-        return conv2d(x, kernel, strides=self.strides, padding=self.padding, impl=self.impl)
 
 
 class ResNet9(nn.Module):
@@ -72,7 +56,7 @@ class ResNet9(nn.Module):
         if self.factorized:
             conv = FactorizedConv(self.widths[w], rank=self.rank, use_bias=False, **kw)
         else:
-            conv = PlainConv(self.widths[w], **kw)
+            conv = Conv(self.widths[w], use_bias=False, **kw)
         x = nn.BatchNorm(use_running_average=not train, momentum=0.9, name=f"bn_{i}")(conv(x))
         return nn.relu(x)
 
