@@ -24,8 +24,9 @@ Any Algorithm runs on several devices without change:
   vmaps over D the per-device strategy ("auto": lax.map on CPU, vmap on
   GPU/TPU) on each block; XLA's SPMD partitioner gives each device its block.
   (`lax.map` over the sharded axis alone runs the devices one after another;
-  `vmap` alone is slow on CPU.) An explicit `jax.shard_map` was measured no
-  faster and fails for algorithms whose per-client function creates arrays
+  `vmap` alone is slow on CPU.) An explicit `jax.shard_map` (tried while
+  building this module with a throwaway script; not kept as a benchmark) was
+  no faster and failed for algorithms whose per-client function creates arrays
   with the outer mesh's sharding (FedEM, FedeRiCo, FedFomo, Per-FedAvg,
   pFedHN), so XLA partitions instead. Values the per-client function closes
   over (the full ClientData, global parameters) are gathered by XLA where

@@ -3,7 +3,8 @@ sets (each group's classes relabelled 0..K/5-1), labels permuted per client.
 
     python -m experiments.main --workdir=runs/ffl_dom \\
         --config=experiments/configs/factorized_fl_domains.py
-    # ":cifar100 --config.data_dir=DIR" for CIFAR-100 (20 classes per group); ",small" for a quick run
+    # ":permuted,cifar100 --config.data_dir=DIR" for CIFAR-100 (20 classes per group);
+    # ",small" for a quick run
 
 The argument is "[permuted|relabelled][,<dataset>][,small]" (see
 factorized_fl_labels.py for datasets): "relabelled" keeps each group's labels

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pfljax.algorithms.fedavg import WEIGHTINGS, client_weights
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import (
@@ -57,7 +58,6 @@ from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
 
 LINKAGES = ("single", "complete")
-WEIGHTINGS = ("samples", "uniform")
 
 
 class CFLState(NamedTuple):
@@ -224,22 +224,20 @@ def build(
             return jax.tree.map(jnp.subtract, res.params, start), res.loss
 
         deltas, losses = cmap(client_update, (idx, assign))
-        counts = data.train.count[idx].astype(jnp.float32)
-        weights = counts if weighting == "samples" else jnp.ones_like(counts)
+        weights = client_weights(weighting, data.train.count[idx])
         sim, norms = cosine_similarities(deltas["params"])
         gram = sim * norms[:, None] * norms[None, :]
         new_assign, params, n_clusters, mean_norms, max_norms = split_clusters(
             state, assign, weights, sim, gram, norms
         )
         onehot = (new_assign[None, :] == jnp.arange(max_clusters)[:, None]).astype(jnp.float32)
-        mixing = onehot * weights[None, :]
-        mixing = mixing / jnp.maximum(jnp.sum(mixing, axis=1, keepdims=True), 1e-30)
+        mixing = jax.vmap(lambda member: aggregate.normalized_weights(weights, member))(onehot)
         params = jax.tree.map(jnp.add, params, aggregate.mix(mixing, deltas))
         new_state = CFLState(
             params, state.client_cluster.at[idx].set(new_assign), n_clusters, state.round + 1
         )
         metrics = {
-            "train_loss": jnp.sum(aggregate.normalized_weights(counts) * losses),
+            "train_loss": jnp.sum(aggregate.normalized_weights(data.train.count[idx]) * losses),
             "bytes_up": jnp.float32(k * model_bytes),
             "bytes_down": jnp.float32(k * model_bytes),
             "participants": jnp.int32(k),

@@ -39,7 +39,8 @@ weights (renormalised). `evaluate` also reports each client's own model
 Metrics per round: `train_loss` (participants' posterior-weighted minibatch
 loss, mean over the M-steps), `bytes_down` / `bytes_up` (each participant
 receives its n neighbours' models and sends back n gradients at each of the S
-M-steps: K * n * S * model bytes), `participants`, `self_weight` (mean w_ii),
+M-steps: down K * n * S * model bytes (the whole variables tree), up
+K * n * S * gradient bytes (the "params" collection only)), `participants`, `self_weight` (mean w_ii),
 `posterior_entropy` (mean), and `posterior` [C, C] (a per-round trace for the
 paper's Fig. 3-style plot). `collaboration_matrix(state)` is the posterior
 averaged over rounds; `final_report` adds own-group mass and group purity when

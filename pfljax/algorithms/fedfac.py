@@ -30,7 +30,8 @@ Lambda are averaged as in FedAvg.
   fixed at init) never train. `evaluate` gives them LocalTrain models: the
   server's shared part, their personalized units (starting from their own,
   untrained values) trained locally for `new_client_epochs` epochs with
-  everything else frozen (like the code's "fix-tune"; its README's "train-fix" trains
+  every other parameter frozen (BatchNorm running statistics, if any, still
+  update) (like the code's "fix-tune"; its README's "train-fix" trains
   the whole model, then overwrites the shared part); it also reports
   `ensemble_accuracy`: the predictive distributions of all existing clients'
   personalized models averaged (the released code averages the last round's
@@ -76,7 +77,7 @@ from pfljax.core.clients import (
     scatter,
     take,
 )
-from pfljax.core.evaluate import evaluate_client, predict_rows, scores_from_outputs
+from pfljax.core.evaluate import evaluate_client, evaluate_clients, predict_rows, scores_from_outputs
 from pfljax.core.factor import FactorSplit, check_split_args, factor_split, split_by_rank, unit_observations
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.losses import get_loss
@@ -420,10 +421,9 @@ def build(
         eval_key = jax.random.fold_in(jax.random.key(EVAL_SEED), state.round)
         ablate_key = jax.random.fold_in(eval_key, 1)
 
-        def one(c):
-            return evaluate_client(model.apply, client_model(state, c, ablate_key), take(data.test, c), loss)
-
-        out = cmap(one, jnp.arange(num))
+        out = evaluate_clients(
+            model.apply, lambda c: client_model(state, c, ablate_key), data.test, cmap, loss
+        )
         out["new_client"] = state.client_new.astype(jnp.float32)
         if n_new == 0:
             return out

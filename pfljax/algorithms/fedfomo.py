@@ -55,7 +55,7 @@ from pfljax.core.clients import (
     take,
 )
 from pfljax.core.evaluate import evaluate_client, evaluate_clients
-from pfljax.core.local import LocalTraining, make_local_train
+from pfljax.core.local import LocalTraining, make_local_train, shuffled_rows
 from pfljax.core.sampling import check_clients_per_round, sample_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model
@@ -84,8 +84,7 @@ def holdout_split(arrays: ClientArrays, key: jax.Array, fraction: float) -> tupl
     n_max = arrays.y.shape[0]
     count = arrays.count
     n_val = jnp.where(count >= 2, jnp.clip(jnp.round(fraction * count), 1, count - 1), 0).astype(count.dtype)
-    noise = jax.random.uniform(key, (n_max,))
-    order = jnp.argsort(jnp.where(jnp.arange(n_max) < count, noise, 2.0))
+    order = shuffled_rows(key, count, n_max)
     n_train = count - n_val
     val_order = jnp.roll(order, -n_train)
 

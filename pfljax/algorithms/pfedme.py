@@ -44,7 +44,7 @@ from pfljax.core.clients import (
     take,
 )
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining
+from pfljax.core.local import LocalTraining, num_scan_steps
 from pfljax.core.losses import get_loss, masked_mean
 from pfljax.core.sampling import check_clients_per_round, participation_mask, sample_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -78,7 +78,7 @@ def make_moreau_train(apply_fn, local: LocalTraining, lam, inner_steps, personal
         if local.steps is not None:
             steps, total = local.steps, None
         else:
-            steps = local.epochs * max(-(-n_max // bsz), 1)
+            steps = num_scan_steps(local, n_max)
             total = local.epochs * batches_per_epoch(data.count, bsz)
 
         def step(carry, s):

@@ -3,9 +3,10 @@
 Three shapes of "who averages with whom", each one einsum or weighted sum:
 - `weighted_mean`: one average over the participating clients (FedAvg);
 - `unit_masked_mean`: per hidden unit, shared units averaged and personalized
-  units kept per client (FedFac, FedPer-like splits);
-- `mix`: a mixing matrix A [C_out, C_in] (pFedLA per layer, Factorized-FL,
-  FedFomo, FedeRiCo posteriors).
+  units kept per client (a building block for custom splits; FedFac adds a
+  server learning rate and ablations and combines `weighted_mean` itself);
+- `mix`: a mixing matrix A [C_out, C_in] (Factorized-FL, CFL clusters;
+  pFedLA's `layer_mix` is the same einsum per layer group).
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ Steps (all jittable, fixed shapes: factors are masked, never sliced):
    - "pca": sqrt(g_m) u_m, no iteration (principal-component loadings).
    - "eig": the raw unit eigenvectors u_m, as the authors' released code does
      with `--direct_eigDecom`; like that code it keeps G - 1 of them (its loop
-     counts the eigenvalues before the one that reaches kappa).
+     counts the eigenvalues before the one that reaches kappa). "ipf" and "pca"
+     keep G factors, as the paper defines G; the released code appears to pass
+     the same G - 1 to its FactorAnalyzer call too (read, not run here).
 4. Communality nu_j = sum_m a_jm^2. The split is by rank: the
    round(tau_quantile / 100 * units) units with the smallest nu are
    personalized (ties by unit index), the rest shared. This is the paper's
@@ -88,7 +90,8 @@ def correlation(z: jax.Array) -> jax.Array:
     scale = jnp.maximum(jnp.max(jnp.abs(z), axis=0, keepdims=True), 1e-30)
     ok = std > 1e-6 * scale
     zs = jnp.where(ok, zc / jnp.where(ok, std, 1.0), 0.0)
-    r = zs.T @ zs / z.shape[0]
+    # Full float32 precision: GPUs default to TF32, which can reorder near-tied communalities.
+    r = jnp.matmul(zs.T, zs, precision=jax.lax.Precision.HIGHEST) / z.shape[0]
     r = jnp.clip(0.5 * (r + r.T), -1.0, 1.0)
     eye = jnp.eye(r.shape[0], dtype=bool)
     return jnp.where(eye, 1.0, r)

@@ -70,11 +70,17 @@ class LocalResult(NamedTuple):
     loss: jax.Array
 
 
+def shuffled_rows(key: jax.Array, count: jax.Array, n_max: int) -> jax.Array:
+    """A permutation [n_max] of row indices: a random order of the `count` real
+    rows first, then the padded rows."""
+    noise = jax.random.uniform(key, (n_max,))
+    return jnp.argsort(jnp.where(jnp.arange(n_max) < count, noise, 2.0))
+
+
 def epoch_order(key: jax.Array, epoch: jax.Array, count: jax.Array, n_max: int, batch_size: int) -> jax.Array:
     """Row order of one epoch [n_max + B]: its first `count` entries are a random
     permutation of the real rows; the B trailing entries pad the last batch."""
-    noise = jax.random.uniform(jax.random.fold_in(key, epoch), (n_max,))
-    perm = jnp.argsort(jnp.where(jnp.arange(n_max) < count, noise, 2.0))
+    perm = shuffled_rows(jax.random.fold_in(key, epoch), count, n_max)
     return jnp.concatenate([perm, jnp.zeros((batch_size,), perm.dtype)])
 
 

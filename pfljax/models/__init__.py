@@ -27,11 +27,27 @@ MODELS: dict[str, Callable[..., Any]] = {
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int, **kwargs) -> Model:
-    """A Model by name ("mlp", "cnn", "cnn_bn"); kwargs go to the flax module."""
+    """A Model by name (one of MODELS: MLP, CNN, their BatchNorm versions, ResNet-9
+    and the factorized versions; pFedPara's low-rank models come from
+    `pfedpara.prepare_model`); kwargs go to the flax module."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {sorted(MODELS)}, got {name!r}")
     module = MODELS[name](num_outputs=num_outputs, **kwargs)
     return from_flax(module, tuple(input_shape), num_outputs)
 
 
-__all__ = ["CNN", "MLP", "MODELS", "Conv", "Model", "build_model", "conv2d", "from_flax", "max_pool"]
+__all__ = [
+    "CNN",
+    "MLP",
+    "MLPBN",
+    "MODELS",
+    "Conv",
+    "FactorizedCNN",
+    "FactorizedMLP",
+    "Model",
+    "ResNet9",
+    "build_model",
+    "conv2d",
+    "from_flax",
+    "max_pool",
+]

@@ -1,5 +1,6 @@
-"""pFedHN: the hypernetwork step is jax.grad of <HN(v_c), -delta_c> averaged over
-the sampled clients, with deltas from a per-client loop written here."""
+"""pFedHN: the hypernetwork step is jax.grad of <HN(v_c), -delta_c> summed (default)
+or averaged (combine="mean") over the sampled clients, with deltas from a per-client
+loop written here."""
 
 import chex
 import jax

@@ -38,6 +38,13 @@ def test_dense_weight_is_hadamard_of_low_rank_products(form):
     big = jax.random.normal(jax.random.key(2), (4, 12, 2))
     h1, h2 = big[0] @ big[1][:10].T, big[2] @ big[3][:10].T
     assert np.linalg.matrix_rank(np.asarray(h1)) == 2 and np.linalg.matrix_rank(np.asarray(h1 * h2)) == 4
+    # ... and the layer's own weight (read off through apply on the identity) has it:
+    # rank r^2 for W1 o W2, r^2 + r for pFedPara's W1 o (W2 + 1).
+    wide = LowRankDense(10, rank=2, form=form)
+    eye = jnp.eye(12)
+    vw = wide.init(jax.random.key(3), eye)["params"]
+    weight = np.asarray(wide.apply({"params": vw}, eye) - vw["bias"][None], np.float64)
+    assert np.linalg.matrix_rank(weight, tol=1e-4) == (6 if form == "pfedpara" else 4)
 
 
 def test_conv_kernel_is_tensor_form():

@@ -13,7 +13,9 @@ from tests.experiment.tiny import ROOT, TINY_FLAGS, is_png
 def test_compare_two_algorithms_two_seeds(tmp_path):
     workdir = str(tmp_path / "cmp")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".jax_cache"))
+    env.setdefault(
+        "JAX_COMPILATION_CACHE_DIR", os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.compare", *TINY_FLAGS, "--algorithms=fedavg,local", "--seeds=0,1"]
         + [f"--workdir={workdir}"],

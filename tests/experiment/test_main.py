@@ -36,7 +36,9 @@ ROW_KEYS = {
 
 def run_main(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".jax_cache"))
+    env.setdefault(
+        "JAX_COMPILATION_CACHE_DIR", os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
+    )
     return subprocess.run(
         [sys.executable, "-m", "experiments.main", *args],
         capture_output=True,
