@@ -112,11 +112,6 @@ class _Layer(NamedTuple):
     fan_in: int
 
 
-def flat(tree) -> dict:
-    """{path: leaf} of a pytree, in flatten order."""
-    return dict(zip(P.leaf_paths(tree), jax.tree.leaves(tree)))
-
-
 def unit_layers(model: Model) -> list[str]:
     """Names of the model's layers with a `kernel` leaf, in forward order."""
     template = jax.eval_shape(model.init, jax.random.key(0))
@@ -240,7 +235,7 @@ def build(
 
     def compose(global_params, own: dict, shared: dict) -> dict:
         """One client's Lambda leaves: shared units from the server, the rest its own."""
-        server = flat(global_params)
+        server = P.flat(global_params)
         return {p: jnp.where(unit_mask(p, shared), server[p], own[p]) for p in lambda_paths}
 
     def ablate(leaves: dict, shared: dict, key) -> dict:
@@ -439,11 +434,11 @@ def build(
     def localtrain_scores(state, data, c, eval_key, ablate_key):
         """A new client's LocalTrain model: personalized units trained, all else frozen."""
         start = client_model(state, c, ablate_key)
-        fixed = flat(start)
+        fixed = P.flat(start)
         trainable = {p: ~unit_mask(p, state.global_shared) for p in lambda_paths}
 
         def mixed(variables):
-            leaves = flat(variables)
+            leaves = P.flat(variables)
             for p, v in leaves.items():
                 if p in trainable:
                     leaves[p] = jnp.where(trainable[p], v, fixed[p])

@@ -30,6 +30,11 @@ def leaf_paths(tree: PyTree) -> list[str]:
     return [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
+def flat(tree: PyTree) -> dict:
+    """{path: leaf} of a pytree, in tree-flatten order ('params/head/kernel': leaf)."""
+    return dict(zip(leaf_paths(tree), jax.tree.leaves(tree)))
+
+
 def match_paths(tree: PyTree, patterns: Sequence[str]) -> PyTree:
     """A bool pytree: True where a leaf's path matches any regex (re.search)."""
     compiled = [re.compile(p) for p in patterns]
@@ -49,23 +54,21 @@ def label_leaves(tree: PyTree, rules: Sequence[tuple[str, str]], default: str = 
 
 def split(tree: PyTree, is_local: PyTree) -> tuple[dict, dict]:
     """Splits a pytree into two flat dicts {path: leaf}: (shared, local)."""
-    flat = dict(zip(leaf_paths(tree), jax.tree.leaves(tree)))
-    flags = dict(zip(leaf_paths(tree), jax.tree.leaves(is_local)))
-    shared = {k: v for k, v in flat.items() if not flags[k]}
-    local = {k: v for k, v in flat.items() if flags[k]}
+    leaves, flags = flat(tree), flat(is_local)
+    shared = {k: v for k, v in leaves.items() if not flags[k]}
+    local = {k: v for k, v in leaves.items() if flags[k]}
     return shared, local
 
 
 def merge(tree: PyTree, *overrides: dict) -> PyTree:
     """`tree` with the leaves named in the flat {path: leaf} dicts replaced."""
-    paths = leaf_paths(tree)
-    flat = dict(zip(paths, jax.tree.leaves(tree)))
+    leaves = flat(tree)
     for part in overrides:
-        unknown = set(part) - set(flat)
+        unknown = set(part) - set(leaves)
         if unknown:
             raise ValueError(f"merge got leaves the tree does not have: {sorted(unknown)}")
-        flat.update(part)
-    return jax.tree.unflatten(jax.tree.structure(tree), [flat[p] for p in paths])
+        leaves.update(part)
+    return jax.tree.unflatten(jax.tree.structure(tree), list(leaves.values()))
 
 
 def tree_bytes(tree: PyTree, where: Callable[[str], bool] | None = None) -> int:

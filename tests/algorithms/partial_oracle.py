@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from pfljax.core import params as P
 from pfljax.core.clients import client_key, round_keys, take
 from pfljax.core.local import make_local_train
 from pfljax.core.sampling import sample_clients
@@ -27,11 +28,8 @@ def jitted_trainer(model, spec):
 
 
 def flat(tree) -> dict:
-    """{'params/head/kernel': leaf} of a variables dict."""
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        out["/".join(str(k.key) for k in path)] = np.asarray(leaf)
-    return out
+    """{'params/head/kernel': numpy leaf} of a variables dict."""
+    return {p: np.asarray(v) for p, v in P.flat(tree).items()}
 
 
 def loop_round(model, spec, global_vars: dict, personal: list[dict], data, key, round_index, k, is_personal):

@@ -11,6 +11,7 @@ import pytest
 from pfljax.algorithms import fedavg, fedfac
 from pfljax.core.clients import client_key, round_keys, take
 from pfljax.core.local import LocalTraining, make_local_train
+from pfljax.core.params import flat
 from pfljax.core.sampling import sample_clients
 from pfljax.models import build_model
 from tests.toydata import toy_data
@@ -21,10 +22,6 @@ SPEC = LocalTraining(optax.sgd(0.2, momentum=0.5), batch_size=4, epochs=2, steps
 KERNEL, BIAS = "params/hidden_0/kernel", "params/hidden_0/bias"
 TRAIN = jax.jit(make_local_train(MODEL.apply, SPEC))
 SPLIT = jax.jit(fedfac.factor_split, static_argnames=("kappa", "tau_quantile"))
-
-
-def flat(tree):
-    return fedfac.flat(tree)
 
 
 def loop_round(glob, own, shared, data, key, r, k, server_lr, tau):
