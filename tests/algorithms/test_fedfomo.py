@@ -180,3 +180,11 @@ def test_clients_learn_to_weigh_their_own_group():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         fedfomo.build(MODEL, SPEC, **kwargs)
+
+
+def test_tree_distance_l2_and_l1_over_all_leaves():
+    a = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]]), "b": jnp.array([1.0, 1.0])}
+    b = {"w": jnp.array([[0.0, 0.0], [0.5, 1.0]]), "b": jnp.array([-1.0, 1.0])}
+    diff = np.array([1.0, -2.0, 0.0, 2.0, 2.0, 0.0])
+    np.testing.assert_allclose(fedfomo.tree_distance(a, b), np.sqrt(np.sum(diff**2)), rtol=1e-6)
+    np.testing.assert_allclose(fedfomo.tree_distance(a, b, "l1"), np.sum(np.abs(diff)), rtol=1e-6)
