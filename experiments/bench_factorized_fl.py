@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from pfljax.algorithms import factorized_fl, fedavg
+from pfljax.algorithms import factorized_fl, fedavg, model_variant
 from pfljax.core.clients import ClientMap
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes
@@ -60,7 +60,9 @@ def emit(row: dict) -> None:
 
 
 def bytes_rows(name: str, case: dict) -> None:
-    fmodel = factorized_fl.prepare_model(case["model"], case["shape"], case["classes"], **case["kw"])
+    fmodel = build_model(
+        model_variant("factorized_fl", case["model"]), case["shape"], case["classes"], **case["kw"]
+    )
     plain = build_model(case["model"], case["shape"], case["classes"], **case["kw"])
     dense = tree_bytes(jax.eval_shape(plain.init, jax.random.key(0)))
     template = jax.eval_shape(fmodel.init, jax.random.key(0))
@@ -118,7 +120,9 @@ def time_rows(name: str, case: dict) -> None:
     data = ClientData(arrays, arrays)
     spec = LocalTraining(optax.sgd(0.01, momentum=0.9), batch_size=BATCH, steps=case["steps"], epochs=None)
     cmap = ClientMap(FLAGS.client_map)
-    fmodel = factorized_fl.prepare_model(case["model"], case["shape"], case["classes"], **case["kw"])
+    fmodel = build_model(
+        model_variant("factorized_fl", case["model"]), case["shape"], case["classes"], **case["kw"]
+    )
     plain = build_model(case["model"], case["shape"], case["classes"], **case["kw"])
     algs = {
         "ffl": factorized_fl.build(fmodel, spec, client_map=cmap),

@@ -74,7 +74,7 @@ def main(argv):
     del argv
     model = build_model("mlp", (100,), 2, hidden=(200,))
     spec = LocalTraining(optax.adam(1e-3), batch_size=32, steps=FLAGS.steps, epochs=None)
-    model_bytes = tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
+    model_bytes = tree_bytes(model.template())
     for num in (int(c) for c in FLAGS.clients):
         data = make_data(num, FLAGS.rows)
         for strategy in FLAGS.strategies:

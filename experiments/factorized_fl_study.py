@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from pfljax.algorithms import factorized_fl, fedavg, local
+from pfljax.algorithms import factorized_fl, fedavg, local, model_variant
 from pfljax.core.evaluate import summarize
 from pfljax.core.local import LocalTraining
 from pfljax.data import build_federated_data
@@ -47,6 +47,13 @@ flags.DEFINE_float("lr", 0.05, "local SGD learning rate (momentum 0.9)")
 flags.DEFINE_integer("epochs", 1, "local epochs per round")
 flags.DEFINE_integer("seed", 0, "data and model seed")
 flags.DEFINE_bool("json", False, "print one JSON object per result")
+
+
+def factorized_model(fd):
+    """The factorized variant of --model (factorized_fl's MODEL_VARIANTS)."""
+    return build_model(
+        model_variant("factorized_fl", FLAGS.model), fd.input_shape, fd.num_classes, **model_kwargs()
+    )
 
 
 def model_kwargs() -> dict:
@@ -69,7 +76,8 @@ def run(alg, fd, rounds: int, on_round=None):
             on_round(r, state, metrics)
     jax.block_until_ready(state)
     seconds = time.perf_counter() - t0
-    return state, summarize(jax.device_get(jax.jit(alg.evaluate)(state, fd.data))), seconds
+    scores = jax.jit(alg.evaluate)(state, fd.data, jax.random.key(FLAGS.seed + 2))
+    return state, summarize(jax.device_get(scores)), seconds
 
 
 def emit(row: dict) -> None:
@@ -104,7 +112,7 @@ def domains(spec: LocalTraining) -> None:
             seed=FLAGS.seed,
         )
         groups = np.asarray([c["group"] for c in fd.summary["clients"]])
-        model = factorized_fl.prepare_model(FLAGS.model, fd.input_shape, fd.num_classes, **model_kwargs())
+        model = factorized_model(fd)
         layer = factorized_fl.layer_order(model)[-2]
         alg = factorized_fl.build(model, spec, tau=0.95, epsilon=20.0, min_keep=num // 2)
 
@@ -150,7 +158,7 @@ def labels(spec: LocalTraining) -> None:
             samples_per_client=FLAGS.samples,
             seed=FLAGS.seed,
         )
-        fmodel = factorized_fl.prepare_model(FLAGS.model, fd.input_shape, fd.num_classes, **model_kwargs())
+        fmodel = factorized_model(fd)
         plain = build_model(FLAGS.model, fd.input_shape, fd.num_classes, **model_kwargs())
         ffl = dict(tau=0.0, epsilon=1.0, min_keep=num // 2, head_local=True)
         algorithms = {

@@ -48,7 +48,7 @@ def run(fd, mod, **kwargs):
     rnd = jax.jit(alg.round)
     for _ in range(FLAGS.rounds):
         state, _ = rnd(state, fd.data, jax.random.key(FLAGS.seed + 1))
-    return model, state, jax.device_get(jax.jit(alg.evaluate)(state, fd.data))
+    return model, state, jax.device_get(jax.jit(alg.evaluate)(state, fd.data, jax.random.key(FLAGS.seed)))
 
 
 def main(argv):

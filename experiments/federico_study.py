@@ -75,7 +75,7 @@ def run_one(method: str, fd, seed: int) -> dict:
     t0 = time.perf_counter()
     for _ in range(FLAGS.rounds):
         state, _ = rnd(state, fd.data, jax.random.key(1000 + seed))
-    per_client = jax.device_get(jax.jit(alg.evaluate)(state, fd.data))
+    per_client = jax.device_get(jax.jit(alg.evaluate)(state, fd.data, jax.random.key(seed)))
     record = {"accuracy": summarize(per_client)["mean_accuracy"], "seconds": time.perf_counter() - t0}
     if method == "federico":
         groups = np.array([c["group"] for c in fd.summary["clients"]])

@@ -144,7 +144,8 @@ def run_one(variant: str, p: float, alpha: float, seed: int) -> dict:
         if "shared_fraction" in metrics:
             split_trace.append((float(metrics["shared_fraction"]), float(metrics["unchanged_fraction"])))
         if (r + 1) % FLAGS.eval_every == 0 or r + 1 == FLAGS.rounds:
-            curve.append((r + 1, weighted_accuracy(evaluate(state, fed.data))))
+            eval_key = jax.random.fold_in(jax.random.key(seed), 2000 + r)  # no variant here draws from it
+            curve.append((r + 1, weighted_accuracy(evaluate(state, fed.data, eval_key))))
     seconds = time.perf_counter() - t0
     out = {
         "variant": variant,

@@ -42,6 +42,7 @@ from pfljax import algorithms
 from pfljax.algorithms import pfedla
 from pfljax.core.clients import take
 from pfljax.core.evaluate import summarize
+from pfljax.core.layers import leaf_groups
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.losses import get_loss, masked_mean
 from pfljax.core.types import ClientData
@@ -148,7 +149,7 @@ def run(name, data, input_shape, num_classes):
     for r in range(FLAGS.rounds):
         state, metrics = rnd(state, data, jax.random.key(FLAGS.seed + 1))
         if (r + 1) % FLAGS.eval_every == 0 or r + 1 == FLAGS.rounds:
-            per_client = jax.device_get(evaluate(state, data))
+            per_client = jax.device_get(evaluate(state, data, jax.random.key(FLAGS.seed + 2)))
             entry = {"round": r + 1, "acc": summarize(per_client)["mean_accuracy"]}
             if module == "pfedla":
                 entry["own_acc"] = float(np.average(per_client["own_accuracy"], weights=per_client["count"]))
@@ -168,7 +169,7 @@ def first_order_scores(state, model, spec, data):
     theta_bar_i; what the hypernetwork follows), test[i, j] = <theta_j - theta_bar_i,
     -grad L_i^test(theta_bar_i)> (what would help on the client's held-out rows)."""
     params = state.client_params["params"]
-    groups, _ = pfedla.layer_groups(jax.tree.map(lambda x: x[0], params))
+    groups, _ = leaf_groups(jax.tree.map(lambda x: x[0], params))
     mixed = pfedla.layer_mix(state.client_alpha, params, groups)
     train = make_local_train(model.apply, spec)
     loss = get_loss(spec.loss)

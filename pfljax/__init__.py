@@ -8,9 +8,8 @@ no TensorFlow, orbax or matplotlib; `pfljax.experiment` loads them when used):
     model = pfljax.build_model("mlp", fd.input_shape, fd.num_classes)
     alg = pfljax.fedavg.build(model, pfljax.LocalTraining(optax.sgd(0.05)))
 
-Each algorithm module is re-exported by name (`pfljax.<name>.build`): one line
-`<name> as <name>,` in the block below; pure functions of an algorithm that
-other code may use get one `from pfljax.algorithms.<name> import f as f` line.
+Every algorithm module is re-exported by name (`pfljax.<name>.build`), read from
+`pfljax.algorithms.available()`: a new module needs no edit here.
 """
 
 from pfljax import algorithms as algorithms
@@ -18,25 +17,6 @@ from pfljax import core as core
 from pfljax import data as data
 from pfljax import models as models
 from pfljax import sharding as sharding
-from pfljax.algorithms import cfl as cfl
-from pfljax.algorithms import factorized_fl as factorized_fl
-from pfljax.algorithms import fedavg as fedavg
-from pfljax.algorithms import fedavg_ft as fedavg_ft
-from pfljax.algorithms import fedbn as fedbn
-from pfljax.algorithms import fedem as fedem
-from pfljax.algorithms import federico as federico
-from pfljax.algorithms import fedfac as fedfac
-from pfljax.algorithms import fedfomo as fedfomo
-from pfljax.algorithms import fedper as fedper
-from pfljax.algorithms import fedprox as fedprox
-from pfljax.algorithms import fedrep as fedrep
-from pfljax.algorithms import lg_fedavg as lg_fedavg
-from pfljax.algorithms import local as local
-from pfljax.algorithms import per_fedavg as per_fedavg
-from pfljax.algorithms import pfedhn as pfedhn
-from pfljax.algorithms import pfedla as pfedla
-from pfljax.algorithms import pfedme as pfedme
-from pfljax.algorithms import pfedpara as pfedpara
 from pfljax.core import aggregate as aggregate
 from pfljax.core import params as params
 from pfljax.core.clients import ClientMap as ClientMap
@@ -67,6 +47,9 @@ from pfljax.sharding import client_mesh as client_mesh
 from pfljax.sharding import shard_algorithm as shard_algorithm
 
 get_algorithm = algorithms.get
+for _name in algorithms.available():
+    globals()[_name] = algorithms.get(_name)
+del _name
 
 __version__ = "0.1.0"
 

@@ -181,8 +181,8 @@ class ShardedAlgorithm(NamedTuple):
         padded = jax.lax.with_sharding_constraint(padded, state_shardings(padded, self.mesh))
         return padded, metrics
 
-    def evaluate(self, state: PyTree, data: ClientData) -> dict:
-        return self.algorithm.evaluate(self.unplace_state(state), unpad_rows(data, self.num_clients))
+    def evaluate(self, state: PyTree, data: ClientData, key: jax.Array) -> dict:
+        return self.algorithm.evaluate(self.unplace_state(state), unpad_rows(data, self.num_clients), key)
 
 
 def shard_algorithm(algorithm: Algorithm, mesh: Mesh, num_clients: int) -> ShardedAlgorithm:

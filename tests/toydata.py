@@ -30,6 +30,18 @@ def toy_data(counts, **kwargs) -> ClientData:
     return ClientData(train, test)
 
 
+def toy_federated(data: ClientData, groups=None):
+    """A FederatedData around toy ClientData: clients in two groups (first half, second half)."""
+    from pfljax.data import FederatedData  # pylint: disable=import-outside-toplevel
+
+    num = int(data.train.count.shape[0])
+    groups = [int(c >= num // 2) for c in range(num)] if groups is None else list(groups)
+    counts = np.asarray(data.train.count)
+    clients = [{"train": int(counts[c]), "group": groups[c]} for c in range(num)]
+    summary = {"num_clients": num, "clients": clients}
+    return FederatedData(data, 3, tuple(data.train.x.shape[2:]), summary, None)
+
+
 def with_junk_rows(arrays: ClientArrays, extra: int, value: float = 7.0) -> ClientArrays:
     """Appends `extra` padded rows full of junk; counts unchanged."""
     c = arrays.x.shape[0]
@@ -62,3 +74,11 @@ def opposite_groups(counts, seed):
     second = (jnp.arange(num) >= num // 2)[:, None]
     real = jnp.arange(arrays.y.shape[1])[None, :] < arrays.count[:, None]
     return arrays._replace(y=jnp.where(second & real, 2 - arrays.y, arrays.y))
+
+
+def stream_batch(key, b, count, n_max, batch_size):
+    """Rows and weights of batch b (across epochs) of one client: the core schedule's
+    `step_batch`, for reference loops."""
+    from pfljax.core.local import LocalTraining, step_batch  # pylint: disable=import-outside-toplevel
+
+    return step_batch(LocalTraining(optax.sgd(0.0), batch_size=batch_size, steps=1), key, b, count, n_max)[:2]

@@ -1,12 +1,19 @@
 """One module per algorithm, each with `build(model, local, **hyper) -> Algorithm`.
 
-`get(name)` imports `pfljax.algorithms.<name>`, so a new algorithm is one new
-module and needs no registry edit.
+The registry is this package: `get(name)` imports `pfljax.algorithms.<name>`, so a
+new algorithm is one new module (and its test) and nothing else; `pfljax.<name>`
+and README's list follow from `available()` (tests/test_readme.py checks README).
+
+A module may declare two constants, read only here: `MODEL_VARIANTS: dict[str, str]`,
+the model names it accepts, each mapped to the model it trains (FedBN: "cnn" ->
+"cnn_bn"; without it any model is used as given), and `RENAMED_OPTIONS: dict[str,
+str]`, old option names -> new ones (refused with a message naming the new one).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from types import ModuleType
 
@@ -22,3 +29,37 @@ def get(name: str) -> ModuleType:
     if name not in names:
         raise ValueError(f"algorithm must be one of {names}, got {name!r}")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def model_variant(name: str, model: str) -> str:
+    """The model algorithm `name` trains when the user asks for `model`."""
+    variants = vars(get(name)).get("MODEL_VARIANTS")
+    if variants is None:
+        return model
+    if model not in variants:
+        raise ValueError(f"model must be one of {sorted(variants)} for {name}, got {model!r}")
+    return variants[model]
+
+
+def renamed_option(name: str, option: str) -> str | None:
+    """The new name of a renamed option of algorithm `name`, else None."""
+    if name not in available():
+        return None
+    return vars(get(name)).get("RENAMED_OPTIONS", {}).get(option)
+
+
+def supports_privacy(name: str) -> bool:
+    """Whether `<name>.build` takes `privacy` (client-level DP of an average of uploads)."""
+    return "privacy" in inspect.signature(get(name).build).parameters
+
+
+def summary_line(name: str) -> str:
+    """The first paragraph of the module's docstring, on one line (README's list)."""
+    doc = (get(name).__doc__ or "").strip()
+    return " ".join(doc.split("\n\n")[0].split()) if doc else name
+
+
+def readme_table() -> str:
+    """README's table of algorithms (`python -m pfljax.algorithms` prints it)."""
+    rows = [f"| `{name}` | {summary_line(name)} |" for name in available()]
+    return "\n".join(["| algorithm | what |", "| --- | --- |", *rows])

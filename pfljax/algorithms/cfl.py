@@ -34,26 +34,20 @@ split; members not sampled stay in the part that keeps the old cluster id.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pfljax.algorithms.fedavg import WEIGHTINGS, client_weights
 from pfljax.core import aggregate
 from pfljax.core import params as P
-from pfljax.core.clients import (
-    ClientMap,
-    as_client_map,
-    broadcast,
-    client_key,
-    round_keys,
-    take,
-)
+from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train
-from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
 
@@ -114,6 +108,144 @@ def bipartition(sim: jax.Array, members: jax.Array, linkage: str = "single") -> 
     return members & (label != label[jnp.argmax(members)])
 
 
+class CFLHyper(NamedTuple):
+    """What the pieces of a CFL round need (see `build` for the options)."""
+
+    train: Callable
+    eps1: float
+    eps2: float
+    gamma_max: float
+    max_clusters: int
+    min_split_size: int
+    warmup_rounds: int
+    linkage: str
+
+
+class UpdateStats(NamedTuple):
+    """The participants' updates as the split rule sees them: cluster ids [K],
+    weights [K], cosine similarities [K, K], Gram matrix [K, K] and norms [K]."""
+
+    assign: jax.Array
+    weights: jax.Array
+    sim: jax.Array
+    gram: jax.Array
+    norms: jax.Array
+
+
+def init(model: Model, max_clusters: int, key, params_template=None, num_clients: int = 1) -> CFLState:
+    params = model.initial(key, params_template)
+    return CFLState(
+        broadcast(params, max_clusters),
+        jnp.zeros((num_clients,), jnp.int32),
+        jnp.ones([], jnp.int32),
+        jnp.zeros([], jnp.int32),
+    )
+
+
+def own_cluster(state: CFLState, part: Participants) -> jax.Array:
+    """What a participant brings to the round: its cluster id."""
+    return state.client_cluster[part.ids]
+
+
+def client_update(hp: CFLHyper, state: CFLState, cid, cluster, data, key):
+    """ONE client: trains its cluster's model and returns its update dtheta_i."""
+    start = take(state.cluster_params, cluster)
+    res = hp.train(start, data, key)
+    return jax.tree.map(jnp.subtract, res.params, start), res.loss
+
+
+def check_cluster(hp: CFLHyper, state: CFLState, stats: UpdateStats, c, carry):
+    """One cluster c of the split pass: splits it into the next free slot when
+    the CFL criterion holds, and records its mean and largest update norm."""
+    new_assign, params, n, mean_norms, max_norms = carry
+    in_use = c < state.num_clusters
+    members = stats.assign == c
+    w = aggregate.normalized_weights(stats.weights, members)
+    mean_norm = jnp.sqrt(jnp.maximum(w @ stats.gram @ w, 0.0))
+    max_norm = jnp.max(jnp.where(members, stats.norms, 0.0))
+    want = (
+        in_use
+        & (jnp.sum(members) >= hp.min_split_size)
+        & (mean_norm < hp.eps1)
+        & (max_norm > hp.eps2)
+        & (state.round >= hp.warmup_rounds)
+        & (n < hp.max_clusters)
+    )
+    side = jax.lax.cond(
+        want, lambda: bipartition(stats.sim, members, hp.linkage), lambda: jnp.zeros_like(members)
+    )
+    rest = members & ~side
+    cross = jnp.max(jnp.where(side[:, None] & rest[None, :], stats.sim, -jnp.inf))
+    split = want & jnp.any(side) & jnp.any(rest) & (jnp.sqrt((1.0 - cross) / 2.0) > hp.gamma_max)
+    new_assign = jnp.where(split & side, n, new_assign)
+    slot = jnp.minimum(n, hp.max_clusters - 1)
+    params = jax.tree.map(lambda p: jnp.where(split, p.at[slot].set(p[c]), p), params)
+    mean_norms = mean_norms.at[c].set(jnp.where(in_use, mean_norm, 0.0))
+    max_norms = max_norms.at[c].set(jnp.where(in_use, max_norm, 0.0))
+    return new_assign, params, n + split.astype(jnp.int32), mean_norms, max_norms
+
+
+def split_clusters(hp: CFLHyper, state: CFLState, stats: UpdateStats):
+    """Checks every cluster in use once; returns the new participant assignment
+    [K], cluster params, cluster count and per-cluster mean / max update norms."""
+    zeros = jnp.zeros((hp.max_clusters,), jnp.float32)
+    start = (stats.assign, state.cluster_params, state.num_clusters, zeros, zeros)
+    return jax.lax.fori_loop(0, hp.max_clusters, functools.partial(check_cluster, hp, state, stats), start)
+
+
+def server_update(hp: CFLHyper, state: CFLState, deltas, part: Participants):
+    """Splits the clusters that meet the criterion, then moves every cluster's
+    model by the weighted mean update of its sampled members."""
+    sim, norms = cosine_similarities(deltas["params"])
+    gram = sim * norms[:, None] * norms[None, :]
+    stats = UpdateStats(own_cluster(state, part), part.weights, sim, gram, norms)
+    new_assign, params, n_clusters, mean_norms, max_norms = split_clusters(hp, state, stats)
+    onehot = (new_assign[None, :] == jnp.arange(hp.max_clusters)[:, None]).astype(jnp.float32)
+    mixing = jax.vmap(lambda member: aggregate.normalized_weights(part.weights, member))(onehot)
+    new_state = state._replace(
+        cluster_params=jax.tree.map(jnp.add, params, aggregate.mix(mixing, deltas)),
+        client_cluster=state.client_cluster.at[part.ids].set(new_assign),
+        num_clusters=n_clusters,
+    )
+    return new_state, {
+        "num_clusters": n_clusters,
+        "splits": n_clusters - state.num_clusters,
+        "cluster_mean_update_norm": mean_norms,
+        "cluster_max_update_norm": max_norms,
+    }
+
+
+def train_size_loss(step: Callable, state: CFLState, data: ClientData, part: Participants):
+    """`step`, with `train_loss` weighted by train sizes whatever the weighting
+    (CFL's metric before the core round; equal to the core's for "samples")."""
+    new_state, losses, metrics = step(state, data, part)
+    sizes = aggregate.normalized_weights(data.train.count[part.ids])
+    return new_state, losses, {**metrics, "train_loss": jnp.sum(sizes * losses)}
+
+
+def evaluate(model: Model, client_map, loss, state: CFLState, data: ClientData, key):
+    """Each client's cluster model on its test rows."""
+    return evaluate_clients(
+        model.apply,
+        lambda c: take(state.cluster_params, state.client_cluster[c]),
+        data.test,
+        client_map,
+        loss,
+    )
+
+
+def collaboration_matrix(state: CFLState) -> jax.Array:
+    """[C, C]: 1 / |cluster| between members of the same cluster, else 0."""
+    same = (state.client_cluster[:, None] == state.client_cluster[None, :]).astype(jnp.float32)
+    return same / jnp.sum(same, axis=1, keepdims=True)
+
+
+def final_report(state: CFLState, fed_data=None, per_client=None, key=None) -> dict:
+    """Number of clusters and each client's cluster id."""
+    clusters = np.asarray(jax.device_get(state.client_cluster)).tolist()
+    return {"num_clusters": int(jax.device_get(state.num_clusters)), "client_cluster": clusters}
+
+
 def build(
     model: Model,
     local: LocalTraining,
@@ -149,8 +281,7 @@ def build(
     """
     if linkage not in LINKAGES:
         raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    check_weighting(weighting)
     if max_clusters < 1:
         raise ValueError(f"max_clusters must be >= 1, got {max_clusters}")
     if min_split_size < 2:
@@ -159,111 +290,21 @@ def build(
         raise ValueError(f"eps1, eps2 and gamma_max must be >= 0, got {eps1}, {eps2}, {gamma_max}")
     cmap = as_client_map(client_map)
     train = make_local_train(model.apply, local)
-    model_bytes = P.tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
-
-    def init(key, params_template=None, num_clients: int = 1) -> CFLState:
-        params = model.init(key) if params_template is None else params_template
-        return CFLState(
-            broadcast(params, max_clusters),
-            jnp.zeros((num_clients,), jnp.int32),
-            jnp.ones([], jnp.int32),
-            jnp.zeros([], jnp.int32),
-        )
-
-    def split_clusters(state: CFLState, assign, weights, sim, gram, norms):
-        """Checks every cluster in use once; returns the new participant
-        assignment [K], cluster params, cluster count and per-cluster norms."""
-        n_start = state.num_clusters
-
-        def check(c, carry):
-            new_assign, params, n, mean_norms, max_norms = carry
-            members = assign == c
-            w = aggregate.normalized_weights(weights, members)
-            mean_norm = jnp.sqrt(jnp.maximum(w @ gram @ w, 0.0))
-            max_norm = jnp.max(jnp.where(members, norms, 0.0))
-            want = (
-                (c < n_start)
-                & (jnp.sum(members) >= min_split_size)
-                & (mean_norm < eps1)
-                & (max_norm > eps2)
-                & (state.round >= warmup_rounds)
-                & (n < max_clusters)
-            )
-            side = jax.lax.cond(
-                want, lambda: bipartition(sim, members, linkage), lambda: jnp.zeros_like(members)
-            )
-            rest = members & ~side
-            cross = jnp.max(jnp.where(side[:, None] & rest[None, :], sim, -jnp.inf))
-            split = want & jnp.any(side) & jnp.any(rest) & (jnp.sqrt((1.0 - cross) / 2.0) > gamma_max)
-            new_assign = jnp.where(split & side, n, new_assign)
-            slot = jnp.minimum(n, max_clusters - 1)
-            params = jax.tree.map(
-                lambda p: jnp.where(split, p.at[slot].set(p[c]), p),
-                params,
-            )
-            in_use = c < n_start
-            mean_norms = mean_norms.at[c].set(jnp.where(in_use, mean_norm, 0.0))
-            max_norms = max_norms.at[c].set(jnp.where(in_use, max_norm, 0.0))
-            return new_assign, params, n + split.astype(jnp.int32), mean_norms, max_norms
-
-        zeros = jnp.zeros((max_clusters,), jnp.float32)
-        start = (assign, state.cluster_params, n_start, zeros, zeros)
-        return jax.lax.fori_loop(0, max_clusters, check, start)
-
-    def round_fn(state: CFLState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
-        assign = state.client_cluster[idx]
-
-        def client_update(args):
-            cid, cluster = args
-            start = take(state.cluster_params, cluster)
-            res = train(start, take(data.train, cid), client_key(train_key, cid))
-            return jax.tree.map(jnp.subtract, res.params, start), res.loss
-
-        deltas, losses = cmap(client_update, (idx, assign))
-        weights = client_weights(weighting, data.train.count[idx])
-        sim, norms = cosine_similarities(deltas["params"])
-        gram = sim * norms[:, None] * norms[None, :]
-        new_assign, params, n_clusters, mean_norms, max_norms = split_clusters(
-            state, assign, weights, sim, gram, norms
-        )
-        onehot = (new_assign[None, :] == jnp.arange(max_clusters)[:, None]).astype(jnp.float32)
-        mixing = jax.vmap(lambda member: aggregate.normalized_weights(weights, member))(onehot)
-        params = jax.tree.map(jnp.add, params, aggregate.mix(mixing, deltas))
-        new_state = CFLState(
-            params, state.client_cluster.at[idx].set(new_assign), n_clusters, state.round + 1
-        )
-        metrics = {
-            "train_loss": jnp.sum(aggregate.normalized_weights(data.train.count[idx]) * losses),
-            "bytes_up": jnp.float32(k * model_bytes),
-            "bytes_down": jnp.float32(k * model_bytes),
-            "participants": jnp.int32(k),
-            "num_clusters": n_clusters,
-            "splits": n_clusters - state.num_clusters,
-            "cluster_mean_update_norm": mean_norms,
-            "cluster_max_update_norm": max_norms,
-        }
-        return new_state, metrics
-
-    def evaluate(state: CFLState, data: ClientData):
-        def variables_of(c):
-            return take(state.cluster_params, state.client_cluster[c])
-
-        return evaluate_clients(model.apply, variables_of, data.test, cmap, local.loss)
-
-    return Algorithm(init, round_fn, evaluate)
-
-
-def collaboration_matrix(state: CFLState) -> jax.Array:
-    """[C, C]: 1 / |cluster| between members of the same cluster, else 0."""
-    same = (state.client_cluster[:, None] == state.client_cluster[None, :]).astype(jnp.float32)
-    return same / jnp.sum(same, axis=1, keepdims=True)
-
-
-def final_report(state: CFLState, fed_data) -> dict:
-    """Number of clusters and each client's cluster id."""
-    clusters = np.asarray(jax.device_get(state.client_cluster)).tolist()
-    return {"num_clusters": int(jax.device_get(state.num_clusters)), "client_cluster": clusters}
+    hp = CFLHyper(train, eps1, eps2, gamma_max, max_clusters, min_split_size, warmup_rounds, linkage)
+    step = client_step(
+        functools.partial(client_update, hp), functools.partial(server_update, hp), cmap, own_cluster
+    )
+    model_bytes = P.tree_bytes(model.template())
+    return Algorithm(
+        functools.partial(init, model, max_clusters),
+        federated_round(
+            functools.partial(train_size_loss, step),
+            clients_per_round=clients_per_round,
+            weighting=weighting,
+            bytes_up=model_bytes,
+            bytes_down=model_bytes,
+        ),
+        functools.partial(evaluate, model, cmap, local.loss),
+        collaboration_matrix,
+        final_report,
+    )

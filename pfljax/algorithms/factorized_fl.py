@@ -49,32 +49,25 @@ heterogeneity (0, 1, 10 permuted / 20 not permuted, of 20 clients), domains
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pfljax.core import aggregate
 from pfljax.core import params as P
-from pfljax.core.clients import (
-    ClientMap,
-    as_client_map,
-    broadcast,
-    client_key,
-    gather,
-    round_keys,
-    scatter,
-    take,
-)
+from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
+from pfljax.core.layers import param_order
 from pfljax.core.local import LocalTraining, make_local_train
-from pfljax.core.sampling import check_clients_per_round, participation_mask, sample_clients
+from pfljax.core.round import Participants, federated_round, map_clients
+from pfljax.core.sampling import participation_mask
 from pfljax.core.types import Algorithm, ClientData
-from pfljax.models import build_model
 from pfljax.models.base import Model
-from pfljax.models.factorized import FactorizedConv, FactorizedDense, is_factorized_layer, materialize
+from pfljax.models.factorized import is_factorized_layer, materialize
 
 VARIANTS = ("base", "beta")
 SPARSITY = ("subgradient", "code")
@@ -85,20 +78,14 @@ FACTORIZED_MODELS = {
     "cnn_bn": "factorized_cnn_bn",
     "resnet9": "factorized_resnet9",
 }
+# Model names accepted (plain or already factorized) -> the factorized model trained.
+MODEL_VARIANTS = {**FACTORIZED_MODELS, **{name: name for name in FACTORIZED_MODELS.values()}}
 
 
 class FactorizedFLState(NamedTuple):
     client_params: Any  # full variables tree, leaves [C, ...]
     client_mixing_sum: jax.Array  # [C, C] sum over rounds of the mixing matrices
     round: jax.Array
-
-
-def prepare_model(name: str, input_shape: tuple, num_outputs: int, **model_kwargs) -> Model:
-    """The factorized variant of a model name ("mlp", "cnn", "cnn_bn", "resnet9")."""
-    names = sorted(FACTORIZED_MODELS) + sorted(FACTORIZED_MODELS.values())
-    if name not in names:
-        raise ValueError(f"model must be one of {names} for factorized_fl, got {name!r}")
-    return build_model(FACTORIZED_MODELS.get(name, name), input_shape, num_outputs, **model_kwargs)
 
 
 @jax.custom_jvp
@@ -190,18 +177,10 @@ def similarity_weights(
 
 
 def layer_order(model: Model) -> list[str]:
-    """Paths (e.g. "conv_7", "head") of the factorized layers in call order."""
-    order = []
-
-    def record(next_fun, args, kwargs, context):
-        module = context.module
-        if context.method_name == "__call__" and isinstance(module, FactorizedDense | FactorizedConv):
-            order.append("/".join(module.path))
-        return next_fun(*args, **kwargs)
-
-    with nn.intercept_methods(record):  # a fresh closure: eval_shape caches traces by function
-        jax.eval_shape(lambda key: model.init(key), jax.random.key(0))
-    return list(dict.fromkeys(order))
+    """Names (e.g. "conv_7", "head") of the factorized layers in call order
+    (`pfljax.core.layers.param_order`, keeping the layers with u, v and mu)."""
+    params = model.template()["params"]
+    return [name for name in param_order(model) if is_factorized_layer(params[name])]
 
 
 def leaf_roles(template: Any, match_layer: str, *, variant: str, head_local: bool, other_leaves: str):
@@ -235,147 +214,105 @@ def flagged_bytes(tree: Any, flags: Any) -> int:
     return sum(P.tree_bytes(x) for x, f in zip(jax.tree.leaves(tree), jax.tree.leaves(flags)) if f)
 
 
-def build(
-    model: Model,
-    local: LocalTraining,
-    *,
-    clients_per_round: int | None = None,
-    client_map: ClientMap | str | None = "auto",
-    variant: str = "base",
-    match_layer: str = "auto",
-    tau: float = 0.0,
-    epsilon: float = 1.0,
-    min_keep: int = 1,
-    lambda_sparse: float = 5e-4,
-    head_local: bool = True,
-    sparsity: str = "subgradient",
-    other_leaves: str = "local",
-) -> Algorithm:
-    """Factorized-FL on a factorized model (see `prepare_model`).
+class FactorizedFLHyper(NamedTuple):
+    """What the pieces of a Factorized-FL round need (see `build` for the options).
 
-    Args:
-      model: a model with factorized layers (`pfljax.models.factorized`).
-      local: local training hyperparameters.
-      clients_per_round: K clients sampled per round (None: all).
-      client_map: client-axis mapping strategy (see pfljax.core.clients).
-      variant: "base" (u mixed) or "beta" (u, v and mu mixed).
-      match_layer: layer whose v measures similarity, e.g. "conv_7"; "auto" is
-        the last factorized layer before "head" in call order.
-      tau: similarity threshold of `similarity_weights`.
-      epsilon: softmax sharpness (>= 0).
-      min_keep: minimum number of clients each client averages over (>= 1).
-      lambda_sparse: weight of the L1 penalty on mu (>= 0).
-      head_local: the classifier `head` is never mixed nor sent (labels
-        permuted, or domains with their own labels).
-      sparsity: "subgradient" (paper) or "code" (release; see module doc).
-      other_leaves: "local" (paper) or "mixed" (release) for biases and
-        BatchNorm scale/offset.
-
-    Returns:
-      Algorithm whose round metrics are train_loss, bytes_up (u of the mixed
-      layers + v of the match layer, per participant), bytes_down (the mixed
-      leaves), fedavg_bytes_up (FedAvg on the materialized, unfactorized
-      model), kept_clients (mean number averaged over), mu_density (share of
-      the participants' mu entries with |mu| >= lambda_sparse, i.e. not pruned
-      by the release's rule) and mixing ([C, C], this round's matrix).
+    train: the local trainer (with the L1 penalty or not); is_mixed: bool tree of
+    the mixed leaves; dense_bytes: one unfactorized model (the FedAvg figure).
     """
-    for name, value, allowed in (
-        ("variant", variant, VARIANTS),
-        ("sparsity", sparsity, SPARSITY),
-        ("other_leaves", other_leaves, OTHER_LEAVES),
-    ):
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if epsilon < 0:
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    if min_keep < 1:
-        raise ValueError(f"min_keep must be >= 1, got {min_keep}")
-    if lambda_sparse < 0:
-        raise ValueError(f"lambda_sparse must be >= 0, got {lambda_sparse}")
-    layers = layer_order(model)
-    if not layers:
-        raise ValueError("model has no factorized layer; build it with factorized_fl.prepare_model")
-    if match_layer == "auto":
-        before_head = [name for name in layers if name != "head"]
-        match_layer = before_head[-1] if before_head else layers[-1]
-    if match_layer not in layers:
-        raise ValueError(f"match_layer must be 'auto' or one of {layers}, got {match_layer!r}")
 
-    cmap = as_client_map(client_map)
-    regularizer = (lambda p: sparse_penalty(p, lambda_sparse)) if sparsity == "subgradient" else None
-    train = make_local_train(model.apply, local, regularizer=regularizer)
-    template = jax.eval_shape(model.init, jax.random.key(0))
-    is_mixed, uploaded = leaf_roles(
-        template, match_layer, variant=variant, head_local=head_local, other_leaves=other_leaves
+    train: Callable
+    is_mixed: Any
+    match_layer: str
+    tau: float
+    epsilon: float
+    min_keep: int
+    lambda_sparse: float
+    dense_bytes: int
+
+
+def init(model: Model, key, params_template=None, num_clients: int = 1) -> FactorizedFLState:
+    params = model.initial(key, params_template)
+    return FactorizedFLState(
+        broadcast(params, num_clients),
+        jnp.zeros((num_clients, num_clients), jnp.float32),
+        jnp.zeros([], jnp.int32),
     )
-    bytes_up, bytes_down = (flagged_bytes(template, flags) for flags in (uploaded, is_mixed))
-    dense_bytes = P.tree_bytes(jax.eval_shape(materialize, template))
 
-    def match_vectors(client_params) -> jax.Array:
-        """[C, d]: the flattened v of the match layer of every client."""
-        v = client_params["params"]
-        for part in match_layer.split("/"):
-            v = v[part]
-        v = v["v"]
-        return v.reshape(v.shape[0], -1)
 
-    def init(key, params_template=None, num_clients: int = 1) -> FactorizedFLState:
-        params = model.init(key) if params_template is None else params_template
-        return FactorizedFLState(
-            broadcast(params, num_clients),
-            jnp.zeros((num_clients, num_clients), jnp.float32),
-            jnp.zeros([], jnp.int32),
-        )
+def match_vectors(match_layer: str, client_params: Any) -> jax.Array:
+    """[C, d]: the flattened v of the match layer of every client."""
+    v = client_params["params"][match_layer]["v"]
+    return v.reshape(v.shape[0], -1)
 
-    def round_fn(state: FactorizedFLState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
-        mask = participation_mask(idx, num)
-        # Server: each participant's personalized mix of the last uploads.
-        v = match_vectors(state.client_params)
-        weights = similarity_weights(v, tau=tau, epsilon=epsilon, min_keep=min_keep, participating=mask)
 
-        def send(x, mixed_leaf):
-            if not mixed_leaf:
-                return x
-            return jnp.where(mask.reshape((num,) + (1,) * (x.ndim - 1)), aggregate.mix(weights, x), x)
+def mixing_matrix(hp: FactorizedFLHyper, state: FactorizedFLState, part: Participants) -> jax.Array:
+    """[C, C] this round's `similarity_weights` among the participants, from the
+    last uploaded v of the match layer (zero rows for the others)."""
+    return similarity_weights(
+        match_vectors(hp.match_layer, state.client_params),
+        tau=hp.tau,
+        epsilon=hp.epsilon,
+        min_keep=hp.min_keep,
+        participating=participation_mask(part.ids, part.num_clients),
+    )
 
-        start = jax.tree.map(send, state.client_params, is_mixed)
 
-        def client_update(args):
-            cid, params_c = args
-            res = train(params_c, take(data.train, cid), client_key(train_key, cid))
-            return res.params, res.loss
+def sent_models(hp: FactorizedFLHyper, state: FactorizedFLState, weights, part: Participants):
+    """Server: each participant's model [K, ...], its mixed leaves replaced by
+    its own weighted average of the last uploads."""
+    mixed = jax.tree.map(lambda x, m: aggregate.mix(weights, x) if m else x, state.client_params, hp.is_mixed)
+    return part.gather(mixed)
 
-        trained, losses = cmap(client_update, (idx, gather(start, idx)))
-        counts = aggregate.normalized_weights(data.train.count[idx])
-        new_state = FactorizedFLState(
-            scatter(start, idx, trained), state.client_mixing_sum + weights, state.round + 1
-        )
-        kept = jnp.sum(weights > 0, axis=1).astype(jnp.float32)
-        mus = mu_leaves(trained["params"])
-        above = sum(jnp.sum(jnp.abs(m) >= lambda_sparse) for m in mus)
-        metrics = {
-            "train_loss": jnp.sum(counts * losses),
-            "bytes_up": jnp.float32(k * bytes_up),
-            "bytes_down": jnp.float32(k * bytes_down),
-            "fedavg_bytes_up": jnp.float32(k * dense_bytes),
-            "kept_clients": jnp.sum(kept * mask) / k,
-            "mu_density": above.astype(jnp.float32) / sum(m.size for m in mus),
-            "mixing": weights,
-        }
-        return new_state, metrics
 
-    def evaluate(state: FactorizedFLState, data: ClientData):
-        def variables_of(c):
-            params = take(state.client_params, c)
-            return prune_mu(params, lambda_sparse) if sparsity == "code" else params
+def client_update(hp: FactorizedFLHyper, state: FactorizedFLState, cid, start, data, key):
+    """ONE client: local training from the model the server sent it."""
+    res = hp.train(start, data, key)
+    return res.params, res.loss
 
-        return evaluate_clients(model.apply, variables_of, data.test, cmap, local.loss)
 
-    return Algorithm(init, round_fn, evaluate)
+def server_update(hp: FactorizedFLHyper, state: FactorizedFLState, trained, weights, part: Participants):
+    """Stores the trained models and this round's mixing matrix.
+
+    Metrics: fedavg_bytes_up (FedAvg's upload, the materialized unfactorized
+    model, for comparison with bytes_up: u of the mixed layers + v of the match
+    layer), kept_clients (mean number of clients a participant averages over),
+    mu_density (share of the participants' mu entries with |mu| >= lambda_sparse,
+    i.e. not pruned by the release's rule) and mixing ([C, C], this round's matrix).
+    """
+    new_state = state._replace(
+        client_params=part.scatter(state.client_params, trained),
+        client_mixing_sum=state.client_mixing_sum + weights,
+    )
+    kept = jnp.sum(weights > 0, axis=1).astype(jnp.float32)
+    mask = participation_mask(part.ids, part.num_clients)
+    mus = mu_leaves(trained["params"])
+    above = sum(jnp.sum(jnp.abs(m) >= hp.lambda_sparse) for m in mus)
+    return new_state, {
+        "fedavg_bytes_up": jnp.float32(part.k * hp.dense_bytes),
+        "kept_clients": jnp.sum(kept * mask) / part.k,
+        "mu_density": above.astype(jnp.float32) / sum(m.size for m in mus),
+        "mixing": weights,
+    }
+
+
+def step(hp: FactorizedFLHyper, client_map, state: FactorizedFLState, data: ClientData, part: Participants):
+    """Server mixes and sends, participants train, server stores."""
+    weights = mixing_matrix(hp, state, part)
+    starts = sent_models(hp, state, weights, part)
+    trained, losses = map_clients(functools.partial(client_update, hp), client_map, state, data, part, starts)
+    new_state, metrics = server_update(hp, state, trained, weights, part)
+    return new_state, losses, metrics
+
+
+def evaluate(model: Model, client_map, loss, prune: float | None, state: FactorizedFLState, data, key):
+    """Each client's locally trained model (mu pruned below `prune` if given) on its test rows."""
+
+    def variables_of(c):
+        params = take(state.client_params, c)
+        return params if prune is None else prune_mu(params, prune)
+
+    return evaluate_clients(model.apply, variables_of, data.test, client_map, loss)
 
 
 def collaboration_matrix(state: FactorizedFLState) -> jax.Array:
@@ -398,7 +335,7 @@ def group_ratio(matrix: np.ndarray, groups: np.ndarray) -> dict:
     return {"collab_within_group": within, "collab_across_group": across, "collab_within_across_ratio": ratio}
 
 
-def final_report(state: FactorizedFLState, fed_data) -> dict:
+def final_report(state: FactorizedFLState, fed_data, per_client=None, key=None) -> dict:
     """Collaboration within vs across client groups, when the data have groups
     (`fed_data.summary["clients"][c]["group"]`); else {}."""
     clients = (getattr(fed_data, "summary", None) or {}).get("clients", [])
@@ -406,3 +343,102 @@ def final_report(state: FactorizedFLState, fed_data) -> dict:
     if not groups or any(g is None for g in groups):
         return {}
     return group_ratio(np.asarray(collaboration_matrix(state)), np.asarray(groups))
+
+
+def check_options(variant: str, sparsity: str, other_leaves: str, epsilon, min_keep, lambda_sparse) -> None:
+    """ValueError naming the first invalid option of `build`."""
+    for name, value, allowed in (
+        ("variant", variant, VARIANTS),
+        ("sparsity", sparsity, SPARSITY),
+        ("other_leaves", other_leaves, OTHER_LEAVES),
+    ):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    if epsilon < 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    if min_keep < 1:
+        raise ValueError(f"min_keep must be >= 1, got {min_keep}")
+    if lambda_sparse < 0:
+        raise ValueError(f"lambda_sparse must be >= 0, got {lambda_sparse}")
+
+
+def resolve_match_layer(model: Model, match_layer: str) -> str:
+    """The match layer's name: "auto" is the last factorized layer before "head"."""
+    layers = layer_order(model)
+    if not layers:
+        raise ValueError(
+            "model has no factorized layer; build one of "
+            f"{sorted(set(MODEL_VARIANTS.values()))} (algorithms.model_variant('factorized_fl', name))"
+        )
+    if match_layer == "auto":
+        before_head = [name for name in layers if name != "head"]
+        return before_head[-1] if before_head else layers[-1]
+    if match_layer not in layers:
+        raise ValueError(f"match_layer must be 'auto' or one of {layers}, got {match_layer!r}")
+    return match_layer
+
+
+def build(
+    model: Model,
+    local: LocalTraining,
+    *,
+    clients_per_round: int | None = None,
+    client_map: ClientMap | str | None = "auto",
+    variant: str = "base",
+    match_layer: str = "auto",
+    tau: float = 0.0,
+    epsilon: float = 1.0,
+    min_keep: int = 1,
+    lambda_sparse: float = 5e-4,
+    head_local: bool = True,
+    sparsity: str = "subgradient",
+    other_leaves: str = "local",
+) -> Algorithm:
+    """Factorized-FL on a factorized model (see `MODEL_VARIANTS`).
+
+    Args:
+      model: a model with factorized layers (`pfljax.models.factorized`).
+      local: local training hyperparameters.
+      clients_per_round: K clients sampled per round (None: all).
+      client_map: client-axis mapping strategy (see pfljax.core.clients).
+      variant: "base" (u mixed) or "beta" (u, v and mu mixed).
+      match_layer: layer whose v measures similarity, e.g. "conv_7"; "auto" is
+        the last factorized layer before "head" in call order.
+      tau: similarity threshold of `similarity_weights`.
+      epsilon: softmax sharpness (>= 0).
+      min_keep: minimum number of clients each client averages over (>= 1).
+      lambda_sparse: weight of the L1 penalty on mu (>= 0).
+      head_local: the classifier `head` is never mixed nor sent (labels
+        permuted, or domains with their own labels).
+      sparsity: "subgradient" (paper) or "code" (release; see module doc).
+      other_leaves: "local" (paper) or "mixed" (release) for biases and
+        BatchNorm scale/offset.
+
+    Returns:
+      Algorithm; round metrics: the standard ones (bytes_up: u of the mixed layers
+      + v of the match layer; bytes_down: the mixed leaves) and `server_update`'s.
+    """
+    check_options(variant, sparsity, other_leaves, epsilon, min_keep, lambda_sparse)
+    match_layer = resolve_match_layer(model, match_layer)
+    cmap = as_client_map(client_map)
+    regularizer = (lambda p: sparse_penalty(p, lambda_sparse)) if sparsity == "subgradient" else None
+    train = make_local_train(model.apply, local, regularizer=regularizer)
+    template = model.template()
+    is_mixed, uploaded = leaf_roles(
+        template, match_layer, variant=variant, head_local=head_local, other_leaves=other_leaves
+    )
+    dense_bytes = P.tree_bytes(jax.eval_shape(materialize, template))
+    hp = FactorizedFLHyper(train, is_mixed, match_layer, tau, epsilon, min_keep, lambda_sparse, dense_bytes)
+    prune = lambda_sparse if sparsity == "code" else None
+    return Algorithm(
+        functools.partial(init, model),
+        federated_round(
+            functools.partial(step, hp, cmap),
+            clients_per_round=clients_per_round,
+            bytes_up=flagged_bytes(template, uploaded),
+            bytes_down=flagged_bytes(template, is_mixed),
+        ),
+        functools.partial(evaluate, model, cmap, local.loss, prune),
+        collaboration_matrix,
+        final_report,
+    )

@@ -17,7 +17,8 @@ their initial values and are unused); `client_params` is a flat dict
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -25,23 +26,14 @@ import jax.numpy as jnp
 
 from pfljax.core import aggregate
 from pfljax.core import params as P
-from pfljax.core.clients import (
-    ClientMap,
-    as_client_map,
-    broadcast,
-    client_key,
-    gather,
-    round_keys,
-    scatter,
-    take,
-)
+from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
+from pfljax.core.layers import first_layers, last_layers
 from pfljax.core.local import LocalTraining, make_local_train
-from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.privacy import ClientDP
+from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
-
-WEIGHTINGS = ("samples", "uniform")
 
 
 class FedAvgState(NamedTuple):
@@ -50,14 +42,52 @@ class FedAvgState(NamedTuple):
     round: jax.Array
 
 
+class FedAvgHyper(NamedTuple):
+    """What the pieces of a FedAvg round need: the local trainer, the leaves kept
+    local (a bool tree) and the server learning rate."""
+
+    train: Callable
+    is_local: Any
+    server_lr: float
+
+
 def personalized(state: FedAvgState, c: jax.Array) -> Any:
     """Client c's model: the global leaves with its own local leaves."""
     return P.merge(state.global_params, take(state.client_params, c))
 
 
-def client_weights(weighting: str, counts: jax.Array) -> jax.Array:
-    """Aggregation weights [K]: sample counts or ones."""
-    return counts.astype(jnp.float32) if weighting == "samples" else jnp.ones_like(counts, jnp.float32)
+def own_local_leaves(state: FedAvgState, part: Participants) -> dict:
+    """What a participant brings to the round: its own local leaves."""
+    return part.gather(state.client_params)
+
+
+def client_update(hp: FedAvgHyper, state: FedAvgState, cid, own: dict, data, key):
+    """ONE client: the global model with its local leaves, trained locally."""
+    res = hp.train(P.merge(state.global_params, own), data, key)
+    return P.split(res.params, hp.is_local), res.loss
+
+
+def server_update(hp: FedAvgHyper, state: FedAvgState, outputs, part: Participants):
+    """The weighted mean of the shared leaves, a server step towards it; local leaves stored."""
+    shared_new, local_new = outputs
+    shared_old, _ = P.split(state.global_params, hp.is_local)
+    target, metrics = part.average(shared_new, shared_old)
+    shared = aggregate.server_step(shared_old, target, hp.server_lr)
+    return state._replace(
+        global_params=P.merge(state.global_params, shared),
+        client_params=part.scatter(state.client_params, local_new),
+    ), metrics
+
+
+def init(model: Model, is_local, key, params_template=None, num_clients: int = 1) -> FedAvgState:
+    params = model.initial(key, params_template)
+    _, local_part = P.split(params, is_local)
+    return FedAvgState(params, broadcast(local_part, num_clients), jnp.zeros([], jnp.int32))
+
+
+def evaluate(model: Model, client_map, loss, state: FedAvgState, data: ClientData, key):
+    """Each client's personalized model (global + its local leaves) on its test rows."""
+    return evaluate_clients(model.apply, lambda c: personalized(state, c), data.test, client_map, loss)
 
 
 def build(
@@ -70,6 +100,7 @@ def build(
     local_leaves: Sequence[str] = (),
     weighting: str = "samples",
     client_map: ClientMap | str | None = "auto",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """FedAvg / FedProx / partial averaging.
 
@@ -82,54 +113,68 @@ def build(
       local_leaves: regexes of leaf paths kept personal.
       weighting: "samples" (by train size) or "uniform".
       client_map: client-axis mapping strategy (see pfljax.core.clients).
+      privacy: client-level DP of the shared leaves' average (pfljax.core.privacy).
     """
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
     if prox_mu < 0:
         raise ValueError(f"prox_mu must be >= 0, got {prox_mu}")
+    check_weighting(weighting)
     cmap = as_client_map(client_map)
-    train = make_local_train(model.apply, local, prox_mu=prox_mu)
-    template = jax.eval_shape(model.init, jax.random.key(0))
+    template = model.template()
     is_local = P.match_paths(template, local_leaves)
     shared_bytes = P.tree_bytes(P.split(template, is_local)[0])
+    hp = FedAvgHyper(make_local_train(model.apply, local, prox_mu=prox_mu), is_local, server_lr)
+    step = client_step(
+        functools.partial(client_update, hp), functools.partial(server_update, hp), cmap, own_local_leaves
+    )
+    return Algorithm(
+        functools.partial(init, model, is_local),
+        federated_round(
+            step,
+            clients_per_round=clients_per_round,
+            weighting=weighting,
+            bytes_up=shared_bytes,
+            bytes_down=shared_bytes,
+            privacy=privacy,
+        ),
+        functools.partial(evaluate, model, cmap, local.loss),
+    )
 
-    def init(key, params_template=None, num_clients: int = 1) -> FedAvgState:
-        params = model.init(key) if params_template is None else params_template
-        _, local_part = P.split(params, is_local)
-        return FedAvgState(params, broadcast(local_part, num_clients), jnp.zeros([], jnp.int32))
 
-    def round_fn(state: FedAvgState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
+def layers_local_builder(name: str, which: str, renamed: dict | None = None) -> Callable[..., Algorithm]:
+    """The `build` of a method that is FedAvg with the `which` ("first" or "last")
+    `local_layers` layers of the model local: LG-FedAvg and FedPer. `renamed`
+    maps old option names to new ones (refused with a message naming the new one)."""
+    select = {"first": first_layers, "last": last_layers}[which]
 
-        def client_update(args):
-            cid, local_c = args
-            start = P.merge(state.global_params, local_c)
-            res = train(start, take(data.train, cid), client_key(train_key, cid))
-            shared_new, local_new = P.split(res.params, is_local)
-            return shared_new, local_new, res.loss
-
-        shared_new, local_new, losses = cmap(client_update, (idx, gather(state.client_params, idx)))
-        weights = client_weights(weighting, data.train.count[idx])
-        shared_old, _ = P.split(state.global_params, is_local)
-        target = aggregate.weighted_mean(shared_new, weights)
-        shared = aggregate.server_step(shared_old, target, server_lr)
-        new_state = FedAvgState(
-            P.merge(state.global_params, shared),
-            scatter(state.client_params, idx, local_new),
-            state.round + 1,
+    def build_layers_local(
+        model: Model,
+        local: LocalTraining,
+        *,
+        clients_per_round: int | None = None,
+        client_map: ClientMap | str | None = "auto",
+        local_layers: int = 1,
+        server_lr: float = 1.0,
+        weighting: str = "samples",
+        privacy: ClientDP | None = None,
+        **unknown,
+    ) -> Algorithm:
+        for old in unknown:
+            new = (renamed or {}).get(old)
+            hint = f"; it is now {new!r}" if new else ""
+            raise TypeError(f"{name}.build got an unexpected option {old!r}{hint}")
+        return build(
+            model,
+            local,
+            clients_per_round=clients_per_round,
+            client_map=client_map,
+            server_lr=server_lr,
+            weighting=weighting,
+            local_leaves=select(model, local_layers, argument="local_layers"),
+            privacy=privacy,
         )
-        metrics = {
-            "train_loss": jnp.sum(aggregate.normalized_weights(weights) * losses),
-            "bytes_up": jnp.float32(k * shared_bytes),
-            "bytes_down": jnp.float32(k * shared_bytes),
-            "participants": jnp.int32(k),
-        }
-        return new_state, metrics
 
-    def evaluate(state: FedAvgState, data: ClientData):
-        return evaluate_clients(model.apply, lambda c: personalized(state, c), data.test, cmap, local.loss)
-
-    return Algorithm(init, round_fn, evaluate)
+    build_layers_local.__doc__ = (
+        f"{name}: FedAvg with the {which} `local_layers` layers local (>= 1, fewer than all); "
+        "other arguments as fedavg.build."
+    )
+    return build_layers_local

@@ -1,21 +1,50 @@
 """FedAvg+ : FedAvg, then each client fine-tunes the global model before evaluation.
 
 As in the pFedLA paper's "FedAvg+" baseline (and Per-FedAvg's evaluation
-protocol): training is plain FedAvg; `evaluate` first runs `finetune_epochs`
-local epochs on the client's own train rows, then tests the fine-tuned model.
-The fine-tuning key is fixed per (round, client), so evaluation is deterministic.
+protocol): training is plain FedAvg; `evaluate` first fine-tunes on the client's
+own train rows (`finetune_epochs` local epochs, or `finetune_steps` steps), then
+tests the fine-tuned model. Client c's fine-tuning key is fold_in(evaluation
+key, c), so evaluation is deterministic given its key.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import jax
+import optax
 
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import ClientMap, as_client_map, take
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train
+from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
+
+
+def finetune_spec(local: LocalTraining, epochs: int, steps: int, batch_size: int, lr: float) -> LocalTraining:
+    """The fine-tuning schedule: `local` with `steps` steps (> 0) or `epochs` epochs,
+    batch size `batch_size` (0: local's) and plain SGD of rate `lr` (0: local's optimizer)."""
+    return local._replace(
+        optimizer=optax.sgd(lr) if lr else local.optimizer,
+        batch_size=batch_size or local.batch_size,
+        steps=steps or None,
+        epochs=None if steps else epochs,
+    ).validate()
+
+
+def evaluate(
+    model: Model, client_map, loss, tune: Callable, state: fedavg.FedAvgState, data: ClientData, key
+):
+    """Client c fine-tunes its FedAvg model (key fold_in(key, c)), then tests."""
+
+    def tuned(c):
+        start = fedavg.personalized(state, c)
+        return tune(start, take(data.train, c), jax.random.fold_in(key, c)).params
+
+    return evaluate_clients(model.apply, tuned, data.test, client_map, loss)
 
 
 def build(
@@ -25,20 +54,31 @@ def build(
     clients_per_round: int | None = None,
     client_map: ClientMap | str | None = "auto",
     finetune_epochs: int = 1,
+    finetune_steps: int = 0,
+    finetune_batch_size: int = 0,
+    finetune_lr: float = 0.0,
     server_lr: float = 1.0,
     prox_mu: float = 0.0,
     weighting: str = "samples",
-    finetune: LocalTraining | None = None,
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
-    """FedAvg+ with `finetune_epochs` local epochs before each evaluation.
+    """FedAvg+: FedAvg, fine-tuned before each evaluation.
 
     Args:
-      finetune: local training used for fine-tuning (default: `local` with
-        epochs=finetune_epochs).
-      Others: as fedavg.build.
+      finetune_epochs: local epochs of fine-tuning (unless finetune_steps > 0).
+      finetune_steps: fine-tuning steps instead of epochs (0: use epochs).
+      finetune_batch_size: fine-tuning batch size (0: `local.batch_size`).
+      finetune_lr: fine-tune with plain SGD of this rate (0: `local.optimizer`).
+      Others: as fedavg.build. The loss is `local.loss`.
     """
-    if finetune_epochs < 1:
-        raise ValueError(f"finetune_epochs must be >= 1, got {finetune_epochs}")
+    for name, value, low in [
+        ("finetune_epochs", finetune_epochs, 1),
+        ("finetune_steps", finetune_steps, 0),
+        ("finetune_batch_size", finetune_batch_size, 0),
+        ("finetune_lr", finetune_lr, 0),
+    ]:
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
     base = fedavg.build(
         model,
         local,
@@ -47,18 +87,10 @@ def build(
         server_lr=server_lr,
         prox_mu=prox_mu,
         weighting=weighting,
+        privacy=privacy,
     )
-    spec = finetune or local._replace(steps=None, epochs=finetune_epochs)
+    spec = finetune_spec(local, finetune_epochs, finetune_steps, finetune_batch_size, finetune_lr)
     tune = make_local_train(model.apply, spec)
-    cmap = as_client_map(client_map)
-
-    def evaluate(state: fedavg.FedAvgState, data: ClientData):
-        key = jax.random.fold_in(jax.random.key(0x5EED), state.round)
-
-        def tuned(c):
-            start = fedavg.personalized(state, c)
-            return tune(start, take(data.train, c), jax.random.fold_in(key, c)).params
-
-        return evaluate_clients(model.apply, tuned, data.test, cmap, local.loss)
-
-    return Algorithm(base.init, base.round, evaluate)
+    return Algorithm(
+        base.init, base.round, functools.partial(evaluate, model, as_client_map(client_map), local.loss, tune)
+    )

@@ -5,7 +5,7 @@ FedAvg in which every BatchNorm layer stays on the client: its parameters
 (scale, bias) and its running statistics (batch_stats) are never averaged and
 never sent. All other leaves are averaged as in FedAvg. BN layers are found
 from the model's "batch_stats" collection, so any flax model with BatchNorm
-works; `prepare_model` maps "cnn" to "cnn_bn" (BN after each conv) and "mlp" to
+works; `MODEL_VARIANTS` maps "cnn" to "cnn_bn" (BN after each conv) and "mlp" to
 "mlp_bn" (BN after each hidden Dense layer, as in the paper's FC blocks).
 """
 
@@ -19,25 +19,29 @@ from pfljax.algorithms import fedavg
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap
 from pfljax.core.local import LocalTraining
+from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
-from pfljax.models import build_model
 from pfljax.models.base import Model
 
-BN_VARIANTS = {"mlp": "mlp_bn", "cnn": "cnn_bn"}
-
-
-def prepare_model(name: str, input_shape: tuple, num_outputs: int, **model_kwargs) -> Model:
-    """The BN variant of a model name: "mlp" -> "mlp_bn", "cnn" -> "cnn_bn"; others as given."""
-    return build_model(BN_VARIANTS.get(name, name), input_shape, num_outputs, **model_kwargs)
+# The models with BatchNorm that FedBN trains for each model name it accepts.
+MODEL_VARIANTS = {
+    "mlp": "mlp_bn",
+    "cnn": "cnn_bn",
+    "mlp_bn": "mlp_bn",
+    "cnn_bn": "cnn_bn",
+    "resnet9": "resnet9",
+    "factorized_cnn_bn": "factorized_cnn_bn",
+    "factorized_resnet9": "factorized_resnet9",
+}
 
 
 def bn_leaves(model: Model) -> tuple[str, ...]:
     """Regexes of every BatchNorm leaf: all "batch_stats" and the params of the same modules."""
-    template = jax.eval_shape(model.init, jax.random.key(0))
+    template = model.template()
     if not jax.tree.leaves(template.get("batch_stats", {})):
         raise ValueError(
             "fedbn needs a model with BatchNorm layers (a 'batch_stats' collection), e.g. model "
-            "'cnn_bn' or fedbn.prepare_model('mlp' | 'cnn', ...)"
+            f"'cnn_bn' (the models fedbn trains: {sorted(set(MODEL_VARIANTS.values()))})"
         )
     modules = sorted({path.rsplit("/", 1)[0] for path in P.leaf_paths(template["batch_stats"])})
     return ("^batch_stats/",) + tuple(rf"^params/{re.escape(m)}/" for m in modules)
@@ -51,6 +55,7 @@ def build(
     client_map: ClientMap | str | None = "auto",
     server_lr: float = 1.0,
     weighting: str = "samples",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """FedBN: FedAvg with BatchNorm parameters and statistics local.
 
@@ -63,5 +68,6 @@ def build(
         client_map=client_map,
         server_lr=server_lr,
         weighting=weighting,
+        privacy=privacy,
         local_leaves=bn_leaves(model),
     )

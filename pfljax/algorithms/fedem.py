@@ -5,8 +5,9 @@ Every client's data distribution is a mixture of M shared components: the
 server holds M component models h_1..h_M, client t holds mixture weights
 pi_t [M]. One round, for each sampled client t (Algorithm 1 of the paper):
 
-1. E-step on its train rows: q_t(z_i = m) ∝ pi_tm * exp(-loss(h_m(x_i), y_i));
-2. M-step: pi_t = mean_i q_t(z_i);
+1. E-step on its train rows: q_t(z_i = m) ∝ pi_tm * exp(-loss(h_m(x_i), y_i))
+   (`pfljax.core.mixture.posterior`);
+2. M-step: pi_t = mean_i q_t(z_i) (`em_iteration` does both);
 3. every component m is trained locally from the server's h_m with sample
    weights q_t(z_i = m) (batch loss: mean over the batch of q * loss, as in the
    released code);
@@ -14,9 +15,14 @@ pi_t [M]. One round, for each sampled client t (Algorithm 1 of the paper):
    size.
 
 Prediction is the client's mixture: p(y | x) = sum_m pi_tm softmax(h_m(x))
-(for "mse", the pi-weighted mean output). Paper and released code agree on all
-of the above; the code's persistent client optimizers are not kept (local
-optimizer state starts afresh each round, as everywhere in pfljax).
+(for "mse", the pi-weighted mean output; `pfljax.core.mixture.predict`). Paper
+and released code agree on all of the above; the code's persistent client
+optimizers are not kept (local optimizer state starts afresh each round, as
+everywhere in pfljax).
+
+The round is `pfljax.core.round.client_step`: a participant's `client_update`
+runs its E-step and trains the M components (mapped with the client map, so
+under "vmap" all K * M trainings run side by side); `server_update` averages.
 
 State: `global_components` has a leading component axis M (not a client axis);
 `client_mixture` [C, M].
@@ -24,27 +30,20 @@ State: `global_components` has a leading component axis M (not a client axis);
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from pfljax.core import aggregate
+from pfljax.core import mixture
 from pfljax.core import params as P
-from pfljax.core.clients import (
-    ClientMap,
-    as_client_map,
-    client_key,
-    gather,
-    round_keys,
-    scatter,
-    stack,
-    take,
-)
+from pfljax.core.clients import ClientMap, as_client_map, stack, take
 from pfljax.core.evaluate import predict_rows, scores_from_outputs
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.losses import Loss, get_loss
-from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.round import Participants, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model
 
@@ -57,8 +56,20 @@ class FedEMState(NamedTuple):
     round: jax.Array
 
 
-def em_posterior(log_pi: jax.Array, losses: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One EM iteration of one client.
+class FedEMHyper(NamedTuple):
+    """What the pieces of a FedEM round need: the component model, its loss,
+    the sample-weighted local trainer, M and the client map."""
+
+    model: Model
+    loss: Loss
+    train: Callable
+    num_components: int
+    client_map: Callable
+
+
+def em_iteration(log_pi: jax.Array, losses: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One EM iteration of one client: the posterior of each row's component
+    (E-step) and the new mixture weights (M-step).
 
     Args:
       log_pi: [M] log mixture weights.
@@ -70,7 +81,7 @@ def em_posterior(log_pi: jax.Array, losses: jax.Array, valid: jax.Array) -> tupl
       pi: [M] new mixture weights, mean of q over real rows (log_pi's weights
         unchanged when there are no rows).
     """
-    q = jax.nn.softmax(log_pi[:, None] - losses, axis=0) * valid[None, :]
+    q = mixture.posterior(losses, log_pi[:, None], axis=0) * valid[None, :]
     n = jnp.sum(valid)
     pi = jnp.where(n > 0, jnp.sum(q, axis=1) / jnp.maximum(n, 1.0), jnp.exp(log_pi))
     return q, pi
@@ -102,14 +113,79 @@ def pack_targets(y: jax.Array, weights: jax.Array) -> jax.Array:
     return jnp.concatenate([flat, weights[:, None].astype(jnp.float32)], axis=1)
 
 
-def mixture_output(loss: Loss, outputs: jax.Array, pi: jax.Array) -> jax.Array:
-    """Mixture prediction from component outputs [M, B, ...] and pi [M]: log of
-    sum_m pi_m softmax(out_m) (cross_entropy), or sum_m pi_m out_m (mse)."""
-    if loss.name == "cross_entropy":
-        log_p = jax.nn.log_softmax(outputs, axis=-1)
-        log_w = jnp.log(jnp.maximum(pi, 1e-30)).reshape((-1,) + (1,) * (outputs.ndim - 1))
-        return jax.nn.logsumexp(log_w + log_p, axis=0)
-    return jnp.tensordot(pi, outputs, axes=1)
+def init(hp: FedEMHyper, key, params_template=None, num_clients: int = 1) -> FedEMState:
+    """Components from independent inits (with a template: component 0 is
+    the template, the others fresh inits); uniform mixture weights."""
+    comps = [hp.model.init(jax.random.fold_in(key, m)) for m in range(hp.num_components)]
+    if params_template is not None:
+        comps[0] = params_template
+    pi = jnp.full((num_clients, hp.num_components), 1.0 / hp.num_components, jnp.float32)
+    return FedEMState(stack(comps), pi, jnp.zeros([], jnp.int32))
+
+
+def component_losses(hp: FedEMHyper, components, arrays: ClientArrays) -> jax.Array:
+    """[M, n_max] per-row loss of every component on one client's rows."""
+
+    def one(variables):
+        out = predict_rows(lambda xb: hp.model.apply(variables, xb, train=False)[0], arrays.x)
+        return hp.loss.per_example(out, arrays.y)
+
+    return jax.lax.map(one, components)
+
+
+def e_step(hp: FedEMHyper, components, pi: jax.Array, data: ClientArrays):
+    """One client's posterior q [M, n_max], new weights pi [M] and mean NLL of its rows."""
+    valid = (jnp.arange(data.y.shape[0]) < data.count).astype(jnp.float32)
+    losses = component_losses(hp, components, data)
+    log_pi = jnp.log(jnp.maximum(pi, 1e-30))
+    q, new_pi = em_iteration(log_pi, losses, valid)
+    nll = -jnp.sum(mixture.log_evidence(losses, log_pi[:, None], axis=0) * valid)
+    return q, new_pi, nll / jnp.maximum(jnp.sum(valid), 1.0)
+
+
+def train_component(hp: FedEMHyper, components, data: ClientArrays, key, args):
+    """Component m trained from the server's on the client's rows weighted by q_m."""
+    m, q_row = args
+    packed = data._replace(y=pack_targets(data.y, q_row))
+    return hp.train(take(components, m), packed, jax.random.fold_in(key, m)).params
+
+
+def own_mixture(state: FedEMState, part: Participants) -> jax.Array:
+    """What a participant brings to the round: its mixture weights [K, M]."""
+    return part.gather(state.client_mixture)
+
+
+def client_update(hp: FedEMHyper, state: FedEMState, cid, pi, data: ClientArrays, key):
+    """ONE client: E-step, then its M components trained (key fold_in(key, m))."""
+    q, new_pi, nll = e_step(hp, state.global_components, pi, data)
+    train = functools.partial(train_component, hp, state.global_components, data, key)
+    trained = hp.client_map(train, (jnp.arange(hp.num_components), q))
+    return (trained, new_pi), nll
+
+
+def server_update(hp: FedEMHyper, state: FedEMState, outputs, part: Participants):
+    """Components: train-size-weighted means; participants' mixture weights stored."""
+    trained, new_pi = outputs
+    mixture_weights = part.scatter(state.client_mixture, new_pi)
+    new_state = state._replace(global_components=part.mean(trained), client_mixture=mixture_weights)
+    return new_state, {"mixture_weights": mixture_weights}
+
+
+def evaluate(hp: FedEMHyper, state: FedEMState, data: ClientData, key):
+    """Each client's mixture prediction on its test rows. Deterministic: `key` is unused."""
+    del key
+
+    def one(cid):
+        arrays = take(data.test, cid)
+        pi = state.client_mixture[cid]
+
+        def predict(xb):
+            outs = jax.lax.map(lambda v: hp.model.apply(v, xb, train=False)[0], state.global_components)
+            return mixture.predict(outs, pi, hp.loss.name)
+
+        return scores_from_outputs(predict_rows(predict, arrays.x), arrays, hp.loss)
+
+    return hp.client_map(one, jnp.arange(data.test.count.shape[0]))
 
 
 def build(
@@ -127,93 +203,21 @@ def build(
       local: local training of each component (every component takes these
         steps/epochs each round).
       clients_per_round: K clients sampled per round (None: all).
-      client_map: client-axis mapping strategy; it maps over the K clients for
-        the E-step and over the K * M (client, component) pairs for training.
+      client_map: client-axis mapping strategy; it maps over the K clients and,
+        inside each, over its M components.
       num_components: M >= 1.
     """
     if num_components < 1:
         raise ValueError(f"num_components must be >= 1, got {num_components}")
     cmap = as_client_map(client_map)
     loss = get_loss(local.loss)
-    weighted = sample_weighted(loss)
-    train = make_local_train(model.apply, local._replace(loss=weighted))
-    m_count = num_components
-    template = jax.eval_shape(model.init, jax.random.key(0))
-    model_bytes = P.tree_bytes(template)
-
-    def init(key, params_template=None, num_clients: int = 1) -> FedEMState:
-        """Components from independent inits (with a template: component 0 is
-        the template, the others fresh inits); uniform mixture weights."""
-        comps = [model.init(jax.random.fold_in(key, m)) for m in range(m_count)]
-        if params_template is not None:
-            comps[0] = params_template
-        pi = jnp.full((num_clients, m_count), 1.0 / m_count, jnp.float32)
-        return FedEMState(stack(comps), pi, jnp.zeros([], jnp.int32))
-
-    def component_losses(components, arrays: ClientArrays) -> jax.Array:
-        """[M, n_max] per-row loss of every component on one client's rows."""
-
-        def one(variables):
-            out = predict_rows(lambda xb: model.apply(variables, xb, train=False)[0], arrays.x)
-            return loss.per_example(out, arrays.y)
-
-        return jax.lax.map(one, components)
-
-    def round_fn(state: FedEMState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
-
-        def e_step(args):
-            cid, pi = args
-            arrays = take(data.train, cid)
-            valid = (jnp.arange(arrays.y.shape[0]) < arrays.count).astype(jnp.float32)
-            losses = component_losses(state.global_components, arrays)
-            log_pi = jnp.log(jnp.maximum(pi, 1e-30))
-            q, new_pi = em_posterior(log_pi, losses, valid)
-            nll = -jnp.sum(jax.nn.logsumexp(log_pi[:, None] - losses, axis=0) * valid)
-            return q, new_pi, nll / jnp.maximum(jnp.sum(valid), 1.0)
-
-        q, new_pi, nll = cmap(e_step, (idx, gather(state.client_mixture, idx)))
-
-        def component_update(args):
-            cid, m, q_row = args
-            arrays = take(data.train, cid)
-            packed = arrays._replace(y=pack_targets(arrays.y, q_row))
-            start = take(state.global_components, m)
-            res = train(start, packed, jax.random.fold_in(client_key(train_key, cid), m))
-            return res.params, res.loss
-
-        pair_cid = jnp.repeat(idx, m_count)
-        pair_m = jnp.tile(jnp.arange(m_count), k)
-        pair_q = q.reshape((k * m_count,) + q.shape[2:])
-        trained, _ = cmap(component_update, (pair_cid, pair_m, pair_q))
-        trained = jax.tree.map(lambda x: x.reshape((k, m_count) + x.shape[1:]), trained)
-        weights = data.train.count[idx].astype(jnp.float32)
-        components = aggregate.weighted_mean(trained, weights)
-        mixture = scatter(state.client_mixture, idx, new_pi)
-        new_state = FedEMState(components, mixture, state.round + 1)
-        metrics = {
-            "train_loss": jnp.sum(aggregate.normalized_weights(weights) * nll),
-            "bytes_up": jnp.float32(k * m_count * model_bytes),
-            "bytes_down": jnp.float32(k * m_count * model_bytes),
-            "participants": jnp.int32(k),
-            "mixture_weights": mixture,
-        }
-        return new_state, metrics
-
-    def evaluate(state: FedEMState, data: ClientData):
-        def one(cid):
-            arrays = take(data.test, cid)
-            pi = state.client_mixture[cid]
-
-            def predict(xb):
-                outs = jax.lax.map(lambda v: model.apply(v, xb, train=False)[0], state.global_components)
-                return mixture_output(loss, outs, pi)
-
-            return scores_from_outputs(predict_rows(predict, arrays.x), arrays, loss)
-
-        return cmap(one, jnp.arange(data.test.count.shape[0]))
-
-    return Algorithm(init, round_fn, evaluate)
+    train = make_local_train(model.apply, local._replace(loss=sample_weighted(loss)))
+    hp = FedEMHyper(model, loss, train, num_components, cmap)
+    step = client_step(
+        functools.partial(client_update, hp), functools.partial(server_update, hp), cmap, own_mixture
+    )
+    comp_bytes = num_components * P.tree_bytes(model.template())  # M models down, M up
+    round_fn = federated_round(
+        step, clients_per_round=clients_per_round, bytes_up=comp_bytes, bytes_down=comp_bytes
+    )
+    return Algorithm(functools.partial(init, hp), round_fn, functools.partial(evaluate, hp))

@@ -35,7 +35,9 @@ Lambda are averaged as in FedAvg.
   the whole model, then overwrites the shared part); it also reports
   `ensemble_accuracy`: the predictive distributions of all existing clients'
   personalized models averaged (the released code averages the last round's
-  sampled clients only, and also reports a majority vote).
+  sampled clients only, and also reports a majority vote). The key given to
+  `evaluate` draws the LocalTrain batches (client c: client_key(key, c)) and the
+  mask-ablation values (client_key(fold_in(key, 1), c)).
 
 Paper vs released code (paper is the default, the code an option):
 - Factor analysis: iterated principal-axis factoring ("ipf") vs the code's
@@ -49,6 +51,10 @@ Paper vs released code (paper is the default, the code an option):
   the split layer's whole bias personal, as the code does.
 - The code has no server learning rate (server_lr=1.0 is the code).
 
+The round is `pfljax.core.round.federated_round` with the non-new clients
+eligible; in static mode with partial participation round 0 is a second round
+(every eligible client, the split computed) chosen by `lax.cond`.
+
 State: `global_params` is the full variables tree (server values; for Lambda
 layers the shared units' averages), `client_params` {path: [C, ...]} each client's
 own Lambda kernels and biases, `global_shared` {layer: [units] bool} the current
@@ -57,8 +63,9 @@ split, `client_new` [C] bool the clients that never train.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -67,21 +74,14 @@ import numpy as np
 
 from pfljax.core import aggregate
 from pfljax.core import params as P
-from pfljax.core.clients import (
-    ClientMap,
-    as_client_map,
-    broadcast,
-    client_key,
-    gather,
-    round_keys,
-    scatter,
-    take,
-)
+from pfljax.core.clients import ClientMap, as_client_map, broadcast, client_key, take
 from pfljax.core.evaluate import evaluate_client, evaluate_clients, predict_rows, scores_from_outputs
 from pfljax.core.factor import FactorSplit, check_split_args, factor_split, split_by_rank, unit_observations
+from pfljax.core.layers import param_order
 from pfljax.core.local import LocalTraining, make_local_train
-from pfljax.core.losses import get_loss
-from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.losses import Loss, get_loss
+from pfljax.core.round import Participants, client_step, federated_round
+from pfljax.core.sampling import check_clients_per_round
 from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
 
@@ -91,9 +91,6 @@ MODES = ("static", "dynamic")
 SPLIT_INPUTS = ("weights", "updates")
 SPLITS = ("factor", "random", "fixed")
 MASKS = ("none", "shared", "personalized")
-# `evaluate` draws LocalTrain batches from client_key(fold_in(key(EVAL_SEED), round), c)
-# and mask-ablation values from fold_in of that round key with 1: deterministic.
-EVAL_SEED = 0x0E7A1
 
 
 class FedFacState(NamedTuple):
@@ -110,30 +107,56 @@ class _Layer(NamedTuple):
     bias: str | None
     units: int
     fan_in: int
+    ndim: int  # kernel rank
+    itemsize: int  # kernel bytes per entry
+
+
+class FedFacHyper(NamedTuple):
+    """What FedFac's pieces need: `build`'s options (same names) and what follows
+    from the model: the split layers, their leaf paths, the rest's bytes, the
+    local trainers and the loss."""
+
+    mode: str
+    split: str
+    split_input: str
+    mask: str
+    bias_local: bool
+    server_lr: float
+    kappa: float
+    tau_quantile: float
+    method: str
+    max_iter: int
+    tol: float
+    new_client_fraction: float
+    new_client_epochs: int
+    layers: tuple  # of _Layer (Lambda)
+    lambda_paths: tuple  # the split layers' kernel and bias paths
+    is_lambda: Any  # bool tree: True on lambda_paths
+    preset: bool  # the split is fixed at init: no analysis
+    other_bytes: int  # bytes of every leaf outside Lambda
+    train: Callable  # local training of a round
+    tune: LocalTraining  # new clients' LocalTrain schedule
+    apply: Callable
+    num_outputs: int
+    loss: Loss
+    client_map: Callable
 
 
 def unit_layers(model: Model) -> list[str]:
     """Names of the model's layers with a `kernel` leaf, in forward order."""
-    template = jax.eval_shape(model.init, jax.random.key(0))
-    names = [k for k, v in template["params"].items() if isinstance(v, dict) and "kernel" in v]
+    template = model.template()["params"]
+    names = [k for k, v in template.items() if isinstance(v, dict) and "kernel" in v]
     if model.module is None:
         return sorted(names)
-    order: list[str] = []
-
-    def trace(variables, x):
-        _, state = model.module.apply(variables, x, capture_intermediates=True, mutable=["intermediates"])
-        order.extend(state["intermediates"].keys())
-        return 0
-
-    jax.eval_shape(trace, template, jax.ShapeDtypeStruct((1, *model.input_shape), jnp.float32))
-    return [n for n in order if n in names] + sorted(set(names) - set(order))
+    return [n for n in param_order(model) if n in names]
 
 
-def _resolve_layers(model: Model, layers: Sequence[int | str]) -> list[_Layer]:
+def resolve_layers(model: Model, layers: Sequence[int | str]) -> tuple[_Layer, ...]:
+    """The split layers named by `build`'s `layers` (indices or names of `unit_layers`)."""
     names = unit_layers(model)
     if isinstance(layers, (int, str)) or len(layers) == 0:
         raise ValueError(f"layers must be a non-empty tuple of indices or names from {names}, got {layers!r}")
-    template = jax.eval_shape(model.init, jax.random.key(0))["params"]
+    template = model.template()["params"]
     out = []
     for spec in layers:
         if isinstance(spec, (int, np.integer)) and -len(names) <= spec < len(names):
@@ -144,10 +167,365 @@ def _resolve_layers(model: Model, layers: Sequence[int | str]) -> list[_Layer]:
             raise ValueError(f"layers entries must be indices or names from {names}, got {spec!r}")
         if any(lay.name == name for lay in out):
             raise ValueError(f"layers names {name!r} twice: {layers!r}")
-        shape = template[name]["kernel"].shape
-        bias = f"params/{name}/bias" if "bias" in template[name] else None
-        out.append(_Layer(name, f"params/{name}/kernel", bias, shape[-1], math.prod(shape[:-1])))
+        kernel = template[name]["kernel"]
+        out.append(
+            _Layer(
+                name=name,
+                kernel=f"params/{name}/kernel",
+                bias=f"params/{name}/bias" if "bias" in template[name] else None,
+                units=kernel.shape[-1],
+                fan_in=math.prod(kernel.shape[:-1]),
+                ndim=len(kernel.shape),
+                itemsize=np.dtype(kernel.dtype).itemsize,
+            )
+        )
+    return tuple(out)
+
+
+def check_options(
+    *,
+    kappa,
+    tau_quantile,
+    method,
+    mode,
+    split_input,
+    split,
+    mask,
+    new_client_fraction,
+    new_client_epochs,
+    max_iter,
+    tol,
+    **_,
+) -> None:
+    """ValueError naming the first option out of range."""
+    check_split_args(kappa, tau_quantile, method)
+    for name, value, allowed in (
+        ("mode", mode, MODES),
+        ("split_input", split_input, SPLIT_INPUTS),
+        ("split", split, SPLITS),
+        ("mask", mask, MASKS),
+    ):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    if not 0.0 <= new_client_fraction < 1.0:
+        raise ValueError(f"new_client_fraction must be in [0, 1), got {new_client_fraction!r}")
+    if new_client_epochs < 1:
+        raise ValueError(f"new_client_epochs must be >= 1, got {new_client_epochs!r}")
+    if max_iter < 1 or tol <= 0:
+        raise ValueError(f"max_iter must be >= 1 and tol > 0, got max_iter={max_iter!r}, tol={tol!r}")
+
+
+def hyper(model: Model, local: LocalTraining, client_map, layers, **options) -> FedFacHyper:
+    """Validates `build`'s options and derives the rest of FedFacHyper."""
+    check_options(**options)
+    lays = resolve_layers(model, layers)
+    template = model.template()
+    paths = tuple(p for lay in lays for p in (lay.kernel, lay.bias) if p)
+    is_lambda = jax.tree_util.tree_map_with_path(lambda p, _: P.path_str(p) in paths, template)
+    return FedFacHyper(
+        **options,
+        layers=lays,
+        lambda_paths=paths,
+        is_lambda=is_lambda,
+        # tau_quantile 0 or 100 fixes the split (all shared / all personalized): no analysis needed.
+        preset=options["split"] == "fixed" or options["tau_quantile"] in (0.0, 100.0),
+        other_bytes=P.tree_bytes(P.split(template, is_lambda)[0]),
+        train=make_local_train(model.apply, local),
+        tune=local._replace(steps=None, epochs=options["new_client_epochs"]),
+        apply=model.apply,
+        num_outputs=model.num_outputs,
+        loss=get_loss(local.loss),
+        client_map=as_client_map(client_map),
+    )
+
+
+def num_new(hp: FedFacHyper, num: int) -> int:
+    """How many of `num` clients are new (never train)."""
+    return int(round(hp.new_client_fraction * num))
+
+
+def eligible(hp: FedFacHyper, state: FedFacState, num: int) -> tuple[jax.Array, int]:
+    """The clients a round may sample: every non-new one (ids [n], n static)."""
+    n = num - num_new(hp, num)
+    return jnp.nonzero(~state.client_new, size=n)[0], n
+
+
+def unit_mask(hp: FedFacHyper, path: str, shared: dict) -> jax.Array:
+    """Bool [..., units] broadcastable to the leaf `path` of one client: True = shared."""
+    lay = next(lay for lay in hp.layers if path in (lay.kernel, lay.bias))
+    if path == lay.bias:
+        return shared[lay.name] & (not hp.bias_local)
+    return shared[lay.name].reshape((1,) * (lay.ndim - 1) + (-1,))
+
+
+def compose(hp: FedFacHyper, global_params, own: dict, shared: dict) -> dict:
+    """One client's Lambda leaves: shared units from the server, the rest its own."""
+    server = P.flat(global_params)
+    return {p: jnp.where(unit_mask(hp, p, shared), server[p], own[p]) for p in hp.lambda_paths}
+
+
+def ablate(hp: FedFacHyper, leaves: dict, shared: dict, key) -> dict:
+    """mask="shared"/"personalized": that group's kernel slices replaced by N(0, 1)."""
+    if hp.mask == "none":
+        return leaves
+    out = dict(leaves)
+    for i, lay in enumerate(hp.layers):
+        kernel = leaves[lay.kernel]
+        noise = jax.random.normal(jax.random.fold_in(key, i), kernel.shape, kernel.dtype)
+        group = unit_mask(hp, lay.kernel, shared)
+        out[lay.kernel] = jnp.where(group if hp.mask == "shared" else ~group, noise, kernel)
     return out
+
+
+def handed_out(hp: FedFacHyper, state: FedFacState, own: dict, key) -> dict:
+    """The Lambda leaves a client gets from the server (composed, then ablated with `key`)."""
+    return ablate(hp, compose(hp, state.global_params, own, state.global_shared), state.global_shared, key)
+
+
+def client_model(hp: FedFacHyper, state: FedFacState, c, ablate_key) -> Any:
+    """Client c's full variables (ablation noise from client_key(ablate_key, c))."""
+    own = take(state.client_params, c)
+    return P.merge(state.global_params, handed_out(hp, state, own, client_key(ablate_key, c)))
+
+
+def new_split(hp: FedFacHyper, key, start: dict, trained: dict) -> tuple[dict, dict]:
+    """The next split {layer: [units] bool}, and the analysis' factor and iteration counts."""
+    out, stats = {}, {}
+    for i, lay in enumerate(hp.layers):
+        if hp.split == "factor":
+            kernels = trained[lay.kernel]
+            if hp.split_input == "updates":
+                kernels = kernels - start[lay.kernel]
+            res = factor_split(
+                unit_observations(kernels),
+                kappa=hp.kappa,
+                tau_quantile=hp.tau_quantile,
+                method=hp.method,
+                max_iter=hp.max_iter,
+                tol=hp.tol,
+            )
+            out[lay.name] = res.shared
+            stats[f"num_factors_{lay.name}"] = res.num_factors
+            stats[f"fa_iterations_{lay.name}"] = res.iterations
+        else:  # random
+            out[lay.name] = split_by_rank(
+                jax.random.uniform(jax.random.fold_in(key, i), (lay.units,)), hp.tau_quantile
+            )
+    return out, stats
+
+
+def no_new_split(hp: FedFacHyper, state: FedFacState) -> tuple[dict, dict]:
+    """The current split, with zero analysis counts."""
+    zero = jnp.zeros([], jnp.int32)
+    stats = {f"{k}_{lay.name}": zero for lay in hp.layers for k in ("num_factors", "fa_iterations")}
+    return state.global_shared, (stats if hp.split == "factor" else {})
+
+
+def next_split(hp: FedFacHyper, do_split, state: FedFacState, key, start: dict, trained: dict):
+    """`new_split` or `no_new_split`: by `do_split` (a bool, or traced: lax.cond)."""
+    if hp.preset:
+        return no_new_split(hp, state)
+    if isinstance(do_split, bool):
+        return new_split(hp, key, start, trained) if do_split else no_new_split(hp, state)
+    return jax.lax.cond(do_split, lambda: new_split(hp, key, start, trained), lambda: no_new_split(hp, state))
+
+
+def split_metrics(hp: FedFacHyper, old: dict, new: dict, full_upload, k: int) -> dict:
+    """Shared / unchanged fractions and bytes: down, the old split's shared units;
+    up, the new split's (every kernel slice when the factor analysis needs them)."""
+    down, up = float(hp.other_bytes), float(hp.other_bytes)
+    full = jnp.asarray(full_upload, jnp.float32)
+    metrics = {}
+    for lay in hp.layers:
+        n_old = jnp.sum(old[lay.name]).astype(jnp.float32)
+        n_new = jnp.sum(new[lay.name]).astype(jnp.float32)
+        kb, bb = lay.fan_in * lay.itemsize, (0 if hp.bias_local or lay.bias is None else lay.itemsize)
+        down = down + n_old * (kb + bb)
+        up = up + (full * lay.units + (1 - full) * n_new) * kb + n_new * bb
+        metrics[f"shared_fraction_{lay.name}"] = n_new / lay.units
+        metrics[f"unchanged_fraction_{lay.name}"] = jnp.mean(new[lay.name] == old[lay.name])
+    for name in ("shared_fraction", "unchanged_fraction"):
+        metrics[name] = jnp.mean(jnp.stack([metrics[f"{name}_{lay.name}"] for lay in hp.layers]))
+    metrics["bytes_up"] = jnp.asarray(k * up, jnp.float32)
+    metrics["bytes_down"] = jnp.asarray(k * down, jnp.float32)
+    return metrics
+
+
+def init(hp: FedFacHyper, model: Model, key, params_template=None, num_clients: int = 1) -> FedFacState:
+    """Every client starts from the same model; the initial split (all shared, or the
+    preset one); the new clients, a random set of round(new_client_fraction * C)."""
+    params = model.initial(key, params_template)
+    _, own = P.split(params, hp.is_lambda)
+    if hp.preset:
+        ranks = {lay.name: jnp.arange(lay.units, dtype=jnp.float32) for lay in hp.layers}
+        shared = {name: split_by_rank(r, hp.tau_quantile) for name, r in ranks.items()}
+    else:
+        shared = {lay.name: jnp.ones((lay.units,), bool) for lay in hp.layers}
+    n_new = num_new(hp, num_clients)
+    if n_new >= num_clients:
+        raise ValueError(f"new_client_fraction={hp.new_client_fraction} leaves no client to train")
+    order = jax.random.permutation(jax.random.fold_in(key, 0x4E3), num_clients)
+    client_new = jnp.zeros((num_clients,), bool).at[order[:n_new]].set(True)
+    return FedFacState(params, broadcast(own, num_clients), shared, client_new, jnp.zeros([], jnp.int32))
+
+
+def client_inputs(state: FedFacState, part: Participants):
+    """What a participant brings: its own Lambda leaves and its ablation key."""
+    ablate_key = jax.random.fold_in(part.sample_key, 1)
+    return part.gather(state.client_params), jax.vmap(lambda c: client_key(ablate_key, c))(part.ids)
+
+
+def client_update(hp: FedFacHyper, state: FedFacState, cid, inputs, data, key):
+    """ONE client: the handed-out model trained locally; returns (other leaves,
+    Lambda leaves, Lambda leaves at the start) and the loss."""
+    own, ablate_key = inputs
+    start = handed_out(hp, state, own, ablate_key)
+    res = hp.train(P.merge(state.global_params, start), data, key)
+    other_new, lambda_new = P.split(res.params, hp.is_lambda)
+    return (other_new, lambda_new, start), res.loss
+
+
+def server_update(hp: FedFacHyper, do_split, state: FedFacState, outputs, part: Participants):
+    """Weighted means with a server step (a shared unit's base: the server value, a
+    personalized one's: the mean start), clients' Lambda leaves stored, the next
+    split. `do_split`: True, False or None (split in round 0 only)."""
+    other_new, lambda_new, lambda_start = outputs
+    other_old, lambda_old = P.split(state.global_params, hp.is_lambda)
+    other = aggregate.server_step(other_old, part.mean(other_new), hp.server_lr)
+    do_split = state.round == 0 if do_split is None else do_split
+    split_key = jax.random.fold_in(part.sample_key, 2)
+    shared, split_stats = next_split(hp, do_split, state, split_key, lambda_start, lambda_new)
+    mean_new, mean_start = part.mean(lambda_new), part.mean(lambda_start)
+    lambda_global = {}
+    for p in hp.lambda_paths:
+        # Units shared at the start all began from the server value; others from the clients' own.
+        base = jnp.where(unit_mask(hp, p, state.global_shared), lambda_old[p], mean_start[p])
+        lambda_global[p] = aggregate.server_step(base, mean_new[p], hp.server_lr)
+    new_state = state._replace(
+        global_params=P.merge(state.global_params, other, lambda_global),
+        client_params=part.scatter(state.client_params, lambda_new),
+        global_shared=shared,
+    )
+    full_upload = do_split & (hp.split == "factor") & (not hp.preset)
+    return new_state, {**split_stats, **split_metrics(hp, state.global_shared, shared, full_upload, part.k)}
+
+
+def make_round(hp: FedFacHyper, clients_per_round: int | None) -> Callable:
+    """The round. Dynamic: a new split every round. Static: the split after round 0,
+    which, for a factor split under partial participation, takes every eligible client."""
+
+    def with_split(k, do_split):
+        step = client_step(
+            functools.partial(client_update, hp),
+            functools.partial(server_update, hp, do_split),
+            hp.client_map,
+            client_inputs,
+        )
+        return federated_round(step, clients_per_round=k, eligible=functools.partial(eligible, hp))
+
+    if hp.mode == "dynamic":
+        return with_split(clients_per_round, True)
+    static = with_split(clients_per_round, None)
+    if hp.preset or hp.split != "factor":
+        return static
+    warm_up, later = with_split(None, True), with_split(clients_per_round, False)
+
+    def round_fn(state: FedFacState, data: ClientData, key):
+        n = data.train.count.shape[0] - num_new(hp, data.train.count.shape[0])
+        if check_clients_per_round(clients_per_round, n) == n:
+            return static(state, data, key)
+        return jax.lax.cond(state.round == 0, warm_up, later, state, data, key)
+
+    return round_fn
+
+
+def freeze(fixed: dict, trainable: dict, variables) -> Any:
+    """`variables` with "params" leaves reset to `fixed` except where `trainable`
+    (a {path: bool mask} of Lambda leaves); other collections kept."""
+    leaves = P.flat(variables)
+    for p, v in leaves.items():
+        if p in trainable:
+            leaves[p] = jnp.where(trainable[p], v, fixed[p])
+        elif p.startswith("params/"):
+            leaves[p] = fixed[p]
+    return jax.tree.unflatten(jax.tree.structure(variables), list(leaves.values()))
+
+
+def localtrain_scores(hp: FedFacHyper, state: FedFacState, data: ClientData, c, eval_key, ablate_key) -> dict:
+    """A new client's LocalTrain model: personalized units trained, all else frozen."""
+    start = client_model(hp, state, c, ablate_key)
+    trainable = {p: ~unit_mask(hp, p, state.global_shared) for p in hp.lambda_paths}
+    mixed = functools.partial(freeze, P.flat(start), trainable)
+
+    def frozen_apply(variables, x, train=False):
+        return hp.apply(mixed(variables), x, train)
+
+    res = make_local_train(frozen_apply, hp.tune)(start, take(data.train, c), client_key(eval_key, c))
+    return evaluate_client(hp.apply, mixed(res.params), take(data.test, c), hp.loss)
+
+
+def ensemble_accuracy(hp: FedFacHyper, state: FedFacState, data: ClientData, c, train_ids, ablate_key):
+    """Accuracy of the mean predictive distribution of all existing clients' models."""
+    test = take(data.test, c)
+
+    def add(total, j):
+        variables = client_model(hp, state, j, ablate_key)
+        logits = predict_rows(lambda xb: hp.apply(variables, xb, train=False)[0], test.x)
+        return total + jax.nn.softmax(logits.astype(jnp.float32), axis=-1), None
+
+    zeros = jnp.zeros(test.y.shape + (hp.num_outputs,), jnp.float32)
+    probs = jax.lax.scan(add, zeros, train_ids)[0] / train_ids.shape[0]
+    return scores_from_outputs(jnp.log(jnp.maximum(probs, 1e-30)), test, hp.loss)["accuracy"]
+
+
+def evaluate(hp: FedFacHyper, state: FedFacState, data: ClientData, key):
+    """Per-client [C]: accuracy, loss, count (new clients: their LocalTrain model, batches
+    from `key`), new_client (1.0 for new clients) and, with new clients and cross-entropy,
+    ensemble_accuracy (new clients: the Ensemble rule; others: their own accuracy).
+    Mask ablation draws from fold_in(key, 1)."""
+    num = data.test.count.shape[0]
+    n_new = num_new(hp, num)
+    ablate_key = jax.random.fold_in(key, 1)
+    cmap = hp.client_map
+    out = evaluate_clients(
+        hp.apply, lambda c: client_model(hp, state, c, ablate_key), data.test, cmap, hp.loss
+    )
+    out["new_client"] = state.client_new.astype(jnp.float32)
+    if n_new == 0:
+        return out
+    new_ids = jnp.nonzero(state.client_new, size=n_new)[0]
+    train_ids = jnp.nonzero(~state.client_new, size=num - n_new)[0]
+    tuned = cmap(lambda c: localtrain_scores(hp, state, data, c, key, ablate_key), new_ids)
+    out = {k: v.at[new_ids].set(tuned[k]) if k in tuned else v for k, v in out.items()}
+    if hp.loss.name == "cross_entropy":
+        ens = cmap(lambda c: ensemble_accuracy(hp, state, data, c, train_ids, ablate_key), new_ids)
+        out["ensemble_accuracy"] = out["accuracy"].at[new_ids].set(ens)
+    return out
+
+
+def final_report(state: FedFacState, fed_data, per_client: dict | None = None, key=None) -> dict:
+    """Extra summary numbers: final shared fraction per layer, the generator's true
+    shared fraction (simulation), and, given the final `evaluate` output
+    `per_client`, existing / new clients' accuracies (LocalTrain and Ensemble)."""
+    del key  # the report needs no randomness
+    report = {f"shared_fraction_{k}": float(np.mean(np.asarray(v))) for k, v in state.global_shared.items()}
+    truth = getattr(fed_data, "truth", None)
+    if truth and "shared_unit_mask" in truth:
+        report["true_shared_fraction"] = float(np.mean(truth["shared_unit_mask"]))
+    if per_client is not None:
+        new = np.asarray(per_client["new_client"]) > 0
+        count = np.asarray(per_client["count"], np.float64)
+
+        def weighted(key, rows):
+            w = count[rows]
+            return float(np.sum(np.asarray(per_client[key])[rows] * w) / max(w.sum(), 1.0))
+
+        report["existing_clients_accuracy"] = weighted("accuracy", ~new)
+        if new.any():
+            report["new_clients_localtrain_accuracy"] = weighted("accuracy", new)
+            if "ensemble_accuracy" in per_client:
+                report["new_clients_ensemble_accuracy"] = weighted("ensemble_accuracy", new)
+    return report
 
 
 def build(
@@ -193,301 +571,15 @@ def build(
       new_client_epochs: local epochs of LocalTrain for new clients.
       max_iter, tol: bounds of the "ipf" iteration.
     """
-    check_split_args(kappa, tau_quantile, method)
-    for name, value, allowed in (
-        ("mode", mode, MODES),
-        ("split_input", split_input, SPLIT_INPUTS),
-        ("split", split, SPLITS),
-        ("mask", mask, MASKS),
-    ):
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if not 0.0 <= new_client_fraction < 1.0:
-        raise ValueError(f"new_client_fraction must be in [0, 1), got {new_client_fraction!r}")
-    if new_client_epochs < 1:
-        raise ValueError(f"new_client_epochs must be >= 1, got {new_client_epochs!r}")
-    if max_iter < 1 or tol <= 0:
-        raise ValueError(f"max_iter must be >= 1 and tol > 0, got max_iter={max_iter!r}, tol={tol!r}")
-    lays = _resolve_layers(model, layers)
-    cmap = as_client_map(client_map)
-    loss = get_loss(local.loss)
-    train = make_local_train(model.apply, local)
-    template = jax.eval_shape(model.init, jax.random.key(0))
-    lambda_paths = [p for lay in lays for p in (lay.kernel, lay.bias) if p]
-    is_lambda = jax.tree_util.tree_map_with_path(lambda p, _: P.path_str(p) in lambda_paths, template)
-    other_bytes = P.tree_bytes(P.split(template, is_lambda)[0])
-    itemsize = {lay.name: np.dtype(template["params"][lay.name]["kernel"].dtype).itemsize for lay in lays}
-    # tau_quantile 0 or 100 fixes the split (all shared / all personalized): no analysis needed.
-    preset = split == "fixed" or tau_quantile in (0.0, 100.0)
-    recompute_full_round = not preset and split == "factor" and mode == "static"
-
-    def num_new(num: int) -> int:
-        return int(round(new_client_fraction * num))
-
-    def unit_mask(path: str, shared: dict) -> jax.Array:
-        """Bool [..., units] broadcastable to the leaf `path` of one client: True = shared."""
-        lay = next(lay for lay in lays if path in (lay.kernel, lay.bias))
-        if path == lay.bias:
-            return shared[lay.name] & (not bias_local)
-        return shared[lay.name].reshape(
-            (1,) * (len(template["params"][lay.name]["kernel"].shape) - 1) + (-1,)
-        )
-
-    def compose(global_params, own: dict, shared: dict) -> dict:
-        """One client's Lambda leaves: shared units from the server, the rest its own."""
-        server = P.flat(global_params)
-        return {p: jnp.where(unit_mask(p, shared), server[p], own[p]) for p in lambda_paths}
-
-    def ablate(leaves: dict, shared: dict, key) -> dict:
-        """mask="shared"/"personalized": that group's kernel slices replaced by N(0, 1)."""
-        if mask == "none":
-            return leaves
-        out = dict(leaves)
-        for i, lay in enumerate(lays):
-            noise = jax.random.normal(
-                jax.random.fold_in(key, i), leaves[lay.kernel].shape, leaves[lay.kernel].dtype
-            )
-            group = unit_mask(lay.kernel, shared)
-            out[lay.kernel] = jnp.where(group if mask == "shared" else ~group, noise, leaves[lay.kernel])
-        return out
-
-    def client_model(state: FedFacState, c, ablate_key) -> Any:
-        own = take(state.client_params, c)
-        leaves = ablate(
-            compose(state.global_params, own, state.global_shared),
-            state.global_shared,
-            client_key(ablate_key, c),
-        )
-        return P.merge(state.global_params, leaves)
-
-    def new_split(key, start: dict, trained: dict) -> tuple[dict, dict]:
-        """The next split {layer: [units] bool}, and the analysis' factor and iteration counts."""
-        out, stats = {}, {}
-        for i, lay in enumerate(lays):
-            if split == "factor":
-                kernels = trained[lay.kernel]
-                if split_input == "updates":
-                    kernels = kernels - start[lay.kernel]
-                res = factor_split(
-                    unit_observations(kernels),
-                    kappa=kappa,
-                    tau_quantile=tau_quantile,
-                    method=method,
-                    max_iter=max_iter,
-                    tol=tol,
-                )
-                out[lay.name] = res.shared
-                stats[f"num_factors_{lay.name}"] = res.num_factors
-                stats[f"fa_iterations_{lay.name}"] = res.iterations
-            else:  # random
-                out[lay.name] = split_by_rank(
-                    jax.random.uniform(jax.random.fold_in(key, i), (lay.units,)), tau_quantile
-                )
-        return out, stats
-
-    def no_new_split(state: FedFacState) -> tuple[dict, dict]:
-        zero = jnp.zeros([], jnp.int32)
-        stats = {f"{k}_{lay.name}": zero for lay in lays for k in ("num_factors", "fa_iterations")}
-        return state.global_shared, (stats if split == "factor" else {})
-
-    def init(key, params_template=None, num_clients: int = 1) -> FedFacState:
-        params = model.init(key) if params_template is None else params_template
-        _, own = P.split(params, is_lambda)
-        if preset:
-            shared = {
-                lay.name: split_by_rank(jnp.arange(lay.units, dtype=jnp.float32), tau_quantile)
-                for lay in lays
-            }
-        else:
-            shared = {lay.name: jnp.ones((lay.units,), bool) for lay in lays}
-        n_new = num_new(num_clients)
-        if n_new >= num_clients:
-            raise ValueError(f"new_client_fraction={new_client_fraction} leaves no client to train")
-        order = jax.random.permutation(jax.random.fold_in(key, 0x4E3), num_clients)
-        client_new = jnp.zeros((num_clients,), bool).at[order[:n_new]].set(True)
-        return FedFacState(params, broadcast(own, num_clients), shared, client_new, jnp.zeros([], jnp.int32))
-
-    def run_round(state: FedFacState, data: ClientData, idx, train_key, sample_key, do_split):
-        ablate_key = jax.random.fold_in(sample_key, 1)
-
-        def client_update(args):
-            cid, own = args
-            start = ablate(
-                compose(state.global_params, own, state.global_shared),
-                state.global_shared,
-                client_key(ablate_key, cid),
-            )
-            res = train(
-                P.merge(state.global_params, start), take(data.train, cid), client_key(train_key, cid)
-            )
-            other_new, lambda_new = P.split(res.params, is_lambda)
-            return other_new, lambda_new, start, res.loss
-
-        other_new, lambda_new, lambda_start, losses = cmap(
-            client_update, (idx, gather(state.client_params, idx))
-        )
-        weights = data.train.count[idx].astype(jnp.float32)
-        other_old, lambda_old = P.split(state.global_params, is_lambda)
-        other = aggregate.server_step(other_old, aggregate.weighted_mean(other_new, weights), server_lr)
-
-        if preset:
-            shared, split_stats = no_new_split(state)
-        else:
-            split_key = jax.random.fold_in(sample_key, 2)
-            if isinstance(do_split, bool):
-                shared, split_stats = (
-                    new_split(split_key, lambda_start, lambda_new) if do_split else no_new_split(state)
-                )
-            else:
-                shared, split_stats = jax.lax.cond(
-                    do_split,
-                    lambda: new_split(split_key, lambda_start, lambda_new),
-                    lambda: no_new_split(state),
-                )
-        mean_new = aggregate.weighted_mean(lambda_new, weights)
-        mean_start = aggregate.weighted_mean(lambda_start, weights)
-        lambda_global = {}
-        for p in lambda_paths:
-            # Units shared at the start all began from the server value; others from the clients' own.
-            base = jnp.where(unit_mask(p, state.global_shared), lambda_old[p], mean_start[p])
-            lambda_global[p] = aggregate.server_step(base, mean_new[p], server_lr)
-
-        new_state = FedFacState(
-            P.merge(state.global_params, other, lambda_global),
-            scatter(state.client_params, idx, lambda_new),
-            shared,
-            state.client_new,
-            state.round + 1,
-        )
-        k = idx.shape[0]
-        down, up = float(other_bytes), float(other_bytes)
-        full_upload = jnp.asarray(do_split & (split == "factor") & (not preset), jnp.float32)
-        metrics = dict(split_stats)
-        for lay in lays:
-            n_old = jnp.sum(state.global_shared[lay.name]).astype(jnp.float32)
-            n_new = jnp.sum(shared[lay.name]).astype(jnp.float32)
-            kb, bb = (
-                lay.fan_in * itemsize[lay.name],
-                (0 if bias_local or lay.bias is None else itemsize[lay.name]),
-            )
-            down = down + n_old * (kb + bb)
-            up = up + (full_upload * lay.units + (1 - full_upload) * n_new) * kb + n_new * bb
-            metrics[f"shared_fraction_{lay.name}"] = n_new / lay.units
-            metrics[f"unchanged_fraction_{lay.name}"] = jnp.mean(
-                shared[lay.name] == state.global_shared[lay.name]
-            )
-        metrics["shared_fraction"] = jnp.mean(
-            jnp.stack([metrics[f"shared_fraction_{lay.name}"] for lay in lays])
-        )
-        metrics["unchanged_fraction"] = jnp.mean(
-            jnp.stack([metrics[f"unchanged_fraction_{lay.name}"] for lay in lays])
-        )
-        metrics.update(
-            train_loss=jnp.sum(aggregate.normalized_weights(weights) * losses),
-            bytes_up=jnp.asarray(k * up, jnp.float32),
-            bytes_down=jnp.asarray(k * down, jnp.float32),
-            participants=jnp.int32(k),
-        )
-        return new_state, metrics
-
-    def round_fn(state: FedFacState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        n_train = num - num_new(num)
-        k = check_clients_per_round(clients_per_round, n_train)
-        sample_key, train_key = round_keys(key, state.round)
-        train_ids = jnp.nonzero(~state.client_new, size=n_train)[0]
-        idx = train_ids[sample_clients(sample_key, n_train, k)]
-        first = state.round == 0
-        if recompute_full_round and k < n_train:
-            return jax.lax.cond(
-                first,
-                lambda: run_round(state, data, train_ids, train_key, sample_key, True),
-                lambda: run_round(state, data, idx, train_key, sample_key, False),
-            )
-        do_split = first if mode == "static" else True
-        return run_round(state, data, idx, train_key, sample_key, do_split)
-
-    def evaluate(state: FedFacState, data: ClientData):
-        """Per-client [C]: accuracy, loss, count (new clients: their LocalTrain model),
-        new_client (1.0 for new clients) and, with new clients and cross-entropy,
-        ensemble_accuracy (new clients: the Ensemble rule; others: their own accuracy)."""
-        num = data.test.count.shape[0]
-        n_new = num_new(num)
-        eval_key = jax.random.fold_in(jax.random.key(EVAL_SEED), state.round)
-        ablate_key = jax.random.fold_in(eval_key, 1)
-
-        out = evaluate_clients(
-            model.apply, lambda c: client_model(state, c, ablate_key), data.test, cmap, loss
-        )
-        out["new_client"] = state.client_new.astype(jnp.float32)
-        if n_new == 0:
-            return out
-        new_ids = jnp.nonzero(state.client_new, size=n_new)[0]
-        train_ids = jnp.nonzero(~state.client_new, size=num - n_new)[0]
-        tuned = cmap(lambda c: localtrain_scores(state, data, c, eval_key, ablate_key), new_ids)
-        out = {k: v.at[new_ids].set(tuned[k]) if k in tuned else v for k, v in out.items()}
-        if loss.name == "cross_entropy":
-            ens = cmap(lambda c: ensemble_accuracy(state, data, c, train_ids, ablate_key), new_ids)
-            out["ensemble_accuracy"] = out["accuracy"].at[new_ids].set(ens)
-        return out
-
-    def localtrain_scores(state, data, c, eval_key, ablate_key):
-        """A new client's LocalTrain model: personalized units trained, all else frozen."""
-        start = client_model(state, c, ablate_key)
-        fixed = P.flat(start)
-        trainable = {p: ~unit_mask(p, state.global_shared) for p in lambda_paths}
-
-        def mixed(variables):
-            leaves = P.flat(variables)
-            for p, v in leaves.items():
-                if p in trainable:
-                    leaves[p] = jnp.where(trainable[p], v, fixed[p])
-                elif p.startswith("params/"):
-                    leaves[p] = fixed[p]
-            return jax.tree.unflatten(jax.tree.structure(variables), list(leaves.values()))
-
-        def frozen_apply(variables, x, train=False):
-            return model.apply(mixed(variables), x, train)
-
-        spec = local._replace(steps=None, epochs=new_client_epochs)
-        res = make_local_train(frozen_apply, spec)(start, take(data.train, c), client_key(eval_key, c))
-        return evaluate_client(model.apply, mixed(res.params), take(data.test, c), loss)
-
-    def ensemble_accuracy(state, data, c, train_ids, ablate_key):
-        """Accuracy of the mean predictive distribution of all existing clients' models."""
-        test = take(data.test, c)
-
-        def add(total, j):
-            variables = client_model(state, j, ablate_key)
-            logits = predict_rows(lambda xb: model.apply(variables, xb, train=False)[0], test.x)
-            return total + jax.nn.softmax(logits.astype(jnp.float32), axis=-1), None
-
-        zeros = jnp.zeros(test.y.shape + (model.num_outputs,), jnp.float32)
-        probs = jax.lax.scan(add, zeros, train_ids)[0] / train_ids.shape[0]
-        return scores_from_outputs(jnp.log(jnp.maximum(probs, 1e-30)), test, loss)["accuracy"]
-
-    return Algorithm(init, round_fn, evaluate)
-
-
-def final_report(state: FedFacState, fed_data, per_client: dict | None = None) -> dict:
-    """Extra summary numbers: final shared fraction per layer, the generator's true
-    shared fraction (simulation), and, given the final `evaluate` output
-    `per_client`, existing / new clients' accuracies (LocalTrain and Ensemble)."""
-    report = {f"shared_fraction_{k}": float(np.mean(np.asarray(v))) for k, v in state.global_shared.items()}
-    truth = getattr(fed_data, "truth", None)
-    if truth and "shared_unit_mask" in truth:
-        report["true_shared_fraction"] = float(np.mean(truth["shared_unit_mask"]))
-    if per_client is not None:
-        new = np.asarray(per_client["new_client"]) > 0
-        count = np.asarray(per_client["count"], np.float64)
-
-        def weighted(key, rows):
-            w = count[rows]
-            return float(np.sum(np.asarray(per_client[key])[rows] * w) / max(w.sum(), 1.0))
-
-        report["existing_clients_accuracy"] = weighted("accuracy", ~new)
-        if new.any():
-            report["new_clients_localtrain_accuracy"] = weighted("accuracy", new)
-            if "ensemble_accuracy" in per_client:
-                report["new_clients_ensemble_accuracy"] = weighted("ensemble_accuracy", new)
-    return report
+    hp = hyper(
+        model, local, client_map, layers,
+        mode=mode, split=split, split_input=split_input, mask=mask, bias_local=bias_local,
+        server_lr=server_lr, kappa=kappa, tau_quantile=tau_quantile, method=method, max_iter=max_iter,
+        tol=tol, new_client_fraction=new_client_fraction, new_client_epochs=new_client_epochs,
+    )  # fmt: skip
+    return Algorithm(
+        functools.partial(init, hp, model),
+        make_round(hp, clients_per_round),
+        functools.partial(evaluate, hp),
+        final_report=final_report,
+    )

@@ -37,6 +37,8 @@ running average.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -44,19 +46,10 @@ import jax.numpy as jnp
 
 from pfljax.core import aggregate
 from pfljax.core import params as P
-from pfljax.core.clients import (
-    ClientMap,
-    as_client_map,
-    broadcast,
-    client_key,
-    gather,
-    round_keys,
-    scatter,
-    take,
-)
+from pfljax.core.clients import ClientMap, as_client_map, broadcast, gather, take
 from pfljax.core.evaluate import evaluate_client, evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train, shuffled_rows
-from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.round import Participants, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model
 
@@ -143,6 +136,97 @@ def select_candidates(key, affinity_row, self_id, num_models: int, epsilon) -> j
     return chosen
 
 
+class FedFomoHyper(NamedTuple):
+    """What the pieces of a FedFomo round need (see `build` for the options)."""
+
+    model: Model
+    loss: Any
+    train: Callable
+    num_models: int
+    epsilon: float
+    epsilon_decay: float
+    val_fraction: float
+    distance: str
+    model_bytes: int
+
+
+def init(model: Model, key, params_template=None, num_clients: int = 1) -> FedFomoState:
+    params = model.initial(key, params_template)
+    stacked = broadcast(params, num_clients)
+    zeros = jnp.zeros((num_clients, num_clients), jnp.float32)
+    return FedFomoState(
+        stacked, stacked, zeros, zeros, jnp.zeros((num_clients,), jnp.int32), jnp.zeros([], jnp.int32)
+    )
+
+
+def exploration(hp: FedFomoHyper, round_: jax.Array) -> jax.Array:
+    """eps_t = max(epsilon - round * epsilon_decay, 0)."""
+    return jnp.maximum(hp.epsilon - hp.epsilon_decay * round_.astype(jnp.float32), 0.0)
+
+
+def downloads(hp: FedFomoHyper, num_clients: int) -> int:
+    """M: other clients' models each participant downloads, min(num_models, C - 1)."""
+    return min(hp.num_models, num_clients - 1)
+
+
+def client_update(hp: FedFomoHyper, state: FedFomoState, cid, _, data: ClientArrays, key):
+    """ONE client: weighs its candidates on its validation rows, starts from the
+    weighted update of its baseline, trains on the rest of its rows."""
+    num = state.client_affinity.shape[0]
+    select_key, local_key = jax.random.split(key)
+    split_key = jax.random.fold_in(jax.random.key(SPLIT_KEY), cid)
+    train_rows, val_rows = holdout_split(data, split_key, hp.val_fraction)
+    eps = exploration(hp, state.round)
+    others = select_candidates(select_key, state.client_affinity[cid], cid, downloads(hp, num), eps)
+    cand_ids = jnp.concatenate([cid[None], others])
+    cands = gather(state.client_params, cand_ids)
+    base = take(state.client_base, cid)
+
+    def val_loss(variables):
+        return evaluate_client(hp.model.apply, variables, val_rows, hp.loss)["loss"]
+
+    losses = jax.lax.map(val_loss, cands)
+    dists = jax.lax.map(lambda v: tree_distance(v, base, hp.distance), cands)
+    raw, w = fomo_weights(val_loss(base), losses, dists)
+    start = jax.tree.map(lambda b, c: b + jnp.tensordot(w, c - b[None], axes=1), base, cands)
+    res = hp.train(start, train_rows, local_key)
+    affinity_add = jnp.zeros((num,), jnp.float32).at[others].add(raw[1:])
+    mixing_row = jnp.zeros((num,), jnp.float32).at[cand_ids].add(w).at[cid].add(1.0 - jnp.sum(w))
+    return (res.params, start, affinity_add, mixing_row), res.loss
+
+
+def server_update(hp: FedFomoHyper, state: FedFomoState, outputs, part: Participants):
+    """Stores the uploads and baselines, adds the raw weights to P and the mixing rows."""
+    trained, starts, affinity_add, mixing_rows = outputs
+    new_state = state._replace(
+        client_params=part.scatter(state.client_params, trained),
+        client_base=part.scatter(state.client_base, starts),
+        client_affinity=state.client_affinity.at[part.ids].add(affinity_add),
+        client_mixing=state.client_mixing.at[part.ids].add(mixing_rows),
+        client_rounds=state.client_rounds.at[part.ids].add(1),
+    )
+    return new_state, {
+        # Each participant downloads M models: the figure depends on C.
+        "bytes_down": jnp.float32(part.k * downloads(hp, part.num_clients) * hp.model_bytes),
+        "epsilon": exploration(hp, state.round),
+        "self_weight": jnp.mean(mixing_rows[jnp.arange(part.k), part.ids]),
+    }
+
+
+def evaluate(model: Model, client_map, loss, state: FedFomoState, data: ClientData, key):
+    """Each client's own uploaded model on its test rows."""
+    return evaluate_clients(model.apply, lambda c: take(state.client_params, c), data.test, client_map, loss)
+
+
+def collaboration_matrix(state: FedFomoState) -> jax.Array:
+    """[C, C] mean mixing weights client i gave client j's model over the rounds
+    it took part in (own model and baseline on the diagonal; identity before
+    any participation). Rows sum to 1."""
+    rounds = state.client_rounds.astype(jnp.float32)[:, None]
+    eye = jnp.eye(state.client_mixing.shape[0], dtype=jnp.float32)
+    return jnp.where(rounds > 0, state.client_mixing / jnp.maximum(rounds, 1.0), eye)
+
+
 def build(
     model: Model,
     local: LocalTraining,
@@ -181,82 +265,14 @@ def build(
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     cmap = as_client_map(client_map)
     train = make_local_train(model.apply, local)
-    model_bytes = P.tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
-
-    def init(key, params_template=None, num_clients: int = 1) -> FedFomoState:
-        params = model.init(key) if params_template is None else params_template
-        stacked = broadcast(params, num_clients)
-        zeros = jnp.zeros((num_clients, num_clients), jnp.float32)
-        return FedFomoState(
-            stacked, stacked, zeros, zeros, jnp.zeros((num_clients,), jnp.int32), jnp.zeros([], jnp.int32)
-        )
-
-    def split(data_train: ClientArrays, cid):
-        return holdout_split(
-            take(data_train, cid), jax.random.fold_in(jax.random.key(SPLIT_KEY), cid), val_fraction
-        )
-
-    def round_fn(state: FedFomoState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        m = min(num_models, num - 1)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
-        eps = jnp.maximum(epsilon - epsilon_decay * state.round.astype(jnp.float32), 0.0)
-
-        def client_update(cid):
-            select_key, local_key = jax.random.split(client_key(train_key, cid))
-            train_rows, val_rows = split(data.train, cid)
-            others = select_candidates(select_key, state.client_affinity[cid], cid, m, eps)
-            cand_ids = jnp.concatenate([cid[None], others])
-            cands = gather(state.client_params, cand_ids)
-            base = take(state.client_base, cid)
-
-            def val_loss(variables):
-                return evaluate_client(model.apply, variables, val_rows, local.loss)["loss"]
-
-            base_loss = val_loss(base)
-            losses = jax.lax.map(val_loss, cands)
-            dists = jax.lax.map(lambda v: tree_distance(v, base, distance), cands)
-            raw, w = fomo_weights(base_loss, losses, dists)
-            start = jax.tree.map(lambda b, c: b + jnp.tensordot(w, c - b[None], axes=1), base, cands)
-            res = train(start, train_rows, local_key)
-            affinity_add = jnp.zeros((num,), jnp.float32).at[others].add(raw[1:])
-            mixing_row = jnp.zeros((num,), jnp.float32).at[cand_ids].add(w).at[cid].add(1.0 - jnp.sum(w))
-            return res.params, start, affinity_add, mixing_row, res.loss
-
-        trained, starts, affinity_add, mixing_rows, losses = cmap(client_update, idx)
-        new_state = FedFomoState(
-            scatter(state.client_params, idx, trained),
-            scatter(state.client_base, idx, starts),
-            state.client_affinity.at[idx].add(affinity_add),
-            state.client_mixing.at[idx].add(mixing_rows),
-            state.client_rounds.at[idx].add(1),
-            state.round + 1,
-        )
-        weights = data.train.count[idx].astype(jnp.float32)
-        metrics = {
-            "train_loss": jnp.sum(aggregate.normalized_weights(weights) * losses),
-            "bytes_up": jnp.float32(k * model_bytes),
-            "bytes_down": jnp.float32(k * m * model_bytes),
-            "participants": jnp.int32(k),
-            "epsilon": eps,
-            "self_weight": jnp.mean(mixing_rows[jnp.arange(k), idx]),
-        }
-        return new_state, metrics
-
-    def evaluate(state: FedFomoState, data: ClientData):
-        return evaluate_clients(
-            model.apply, lambda c: take(state.client_params, c), data.test, cmap, local.loss
-        )
-
-    return Algorithm(init, round_fn, evaluate)
-
-
-def collaboration_matrix(state: FedFomoState) -> jax.Array:
-    """[C, C] mean mixing weights client i gave client j's model over the rounds
-    it took part in (own model and baseline on the diagonal; identity before
-    any participation). Rows sum to 1."""
-    rounds = state.client_rounds.astype(jnp.float32)[:, None]
-    eye = jnp.eye(state.client_mixing.shape[0], dtype=jnp.float32)
-    return jnp.where(rounds > 0, state.client_mixing / jnp.maximum(rounds, 1.0), eye)
+    model_bytes = P.tree_bytes(model.template())
+    hp = FedFomoHyper(
+        model, local.loss, train, num_models, epsilon, epsilon_decay, val_fraction, distance, model_bytes
+    )
+    step = client_step(functools.partial(client_update, hp), functools.partial(server_update, hp), cmap)
+    return Algorithm(
+        functools.partial(init, model),
+        federated_round(step, clients_per_round=clients_per_round, bytes_up=model_bytes),
+        functools.partial(evaluate, model, cmap, local.loss),
+        collaboration_matrix,
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import ClientMap
 from pfljax.core.local import LocalTraining
+from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
 from pfljax.models.base import Model
 
@@ -21,6 +22,7 @@ def build(
     mu: float = 0.01,
     server_lr: float = 1.0,
     weighting: str = "samples",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """FedProx with proximal weight `mu` (> 0); other arguments as fedavg.build."""
     if mu <= 0:
@@ -33,4 +35,5 @@ def build(
         prox_mu=mu,
         server_lr=server_lr,
         weighting=weighting,
+        privacy=privacy,
     )

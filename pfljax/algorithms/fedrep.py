@@ -18,6 +18,10 @@ head epochs, then 1 body epoch (`local.epochs=1`), head = the last layer
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -25,18 +29,45 @@ import optax
 from pfljax.algorithms import fedavg
 from pfljax.core import aggregate
 from pfljax.core import params as P
-from pfljax.core.clients import ClientMap, as_client_map, client_key, gather, round_keys, scatter, take
+from pfljax.core.clients import ClientMap, as_client_map
 from pfljax.core.layers import last_layers
 from pfljax.core.local import LocalTraining, make_local_train
-from pfljax.core.sampling import check_clients_per_round, sample_clients
-from pfljax.core.types import Algorithm, ClientData
+from pfljax.core.privacy import ClientDP
+from pfljax.core.round import Participants, check_weighting, client_step, federated_round
+from pfljax.core.types import Algorithm
 from pfljax.models.base import Model
+
+
+class FedRepHyper(NamedTuple):
+    """The head and body trainers, and FedAvg's server pieces with the head local."""
+
+    train_head: Callable
+    train_body: Callable
+    avg: fedavg.FedAvgHyper  # is_local = the head; its `train` is unused
 
 
 def frozen(optimizer: optax.GradientTransformation, trainable: dict) -> optax.GradientTransformation:
     """`optimizer` on leaves where `trainable` (a bool tree over "params") is True, zero updates elsewhere."""
     labels = jax.tree.map(lambda t: "train" if t else "freeze", trainable)
     return optax.multi_transform({"train": optimizer, "freeze": optax.set_to_zero()}, labels)
+
+
+def client_update(hp: FedRepHyper, state: fedavg.FedAvgState, cid, head, data, key):
+    """ONE client: head epochs (body frozen), then body training (head frozen).
+
+    Returns ((body, head), head loss) and the body phase's loss.
+    """
+    h = hp.train_head(P.merge(state.global_params, head), data, jax.random.fold_in(key, 0))
+    b = hp.train_body(h.params, data, jax.random.fold_in(key, 1))
+    return (P.split(b.params, hp.avg.is_local), h.loss), b.loss
+
+
+def server_update(hp: FedRepHyper, state: fedavg.FedAvgState, outputs, part: Participants):
+    """FedAvg's server step on the bodies, heads stored; the weighted mean head loss."""
+    split, head_loss = outputs
+    state, metrics = fedavg.server_update(hp.avg, state, split, part)
+    metrics["head_loss"] = jnp.sum(aggregate.normalized_weights(part.weights) * head_loss)
+    return state, metrics
 
 
 def build(
@@ -49,6 +80,7 @@ def build(
     head_epochs: int = 10,
     server_lr: float = 1.0,
     weighting: str = "samples",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """FedRep: alternate head epochs (body frozen) and body training (head frozen); body averaged.
 
@@ -60,54 +92,38 @@ def build(
     """
     if head_epochs < 1:
         raise ValueError(f"head_epochs must be >= 1, got {head_epochs}")
-    if weighting not in fedavg.WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {fedavg.WEIGHTINGS}, got {weighting!r}")
+    check_weighting(weighting)
     local = local.validate()
     cmap = as_client_map(client_map)
-    template = jax.eval_shape(model.init, jax.random.key(0))
+    template = model.template()
     is_head = P.match_paths(template, last_layers(model, head_layers, argument="head_layers"))
     head_params = is_head["params"]
     body_params = jax.tree.map(lambda h: not h, head_params)
-    train_head = make_local_train(
-        model.apply,
-        local._replace(optimizer=frozen(local.optimizer, head_params), steps=None, epochs=head_epochs),
+    hp = FedRepHyper(
+        make_local_train(
+            model.apply,
+            local._replace(optimizer=frozen(local.optimizer, head_params), steps=None, epochs=head_epochs),
+        ),
+        make_local_train(model.apply, local._replace(optimizer=frozen(local.optimizer, body_params))),
+        fedavg.FedAvgHyper(None, is_head, server_lr),
     )
-    train_body = make_local_train(model.apply, local._replace(optimizer=frozen(local.optimizer, body_params)))
     body_bytes = P.tree_bytes(P.split(template, is_head)[0])
+    step = client_step(
+        functools.partial(client_update, hp),
+        functools.partial(server_update, hp),
+        cmap,
+        fedavg.own_local_leaves,
+    )
     # FedAvg with the head local has FedRep's state, init and evaluation.
-    base = fedavg.build(model, local, client_map=client_map, local_leaves=last_layers(model, head_layers))
-
-    def round_fn(state: fedavg.FedAvgState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
-
-        def client_update(args):
-            cid, head_c = args
-            rows, ckey = take(data.train, cid), client_key(train_key, cid)
-            h = train_head(P.merge(state.global_params, head_c), rows, jax.random.fold_in(ckey, 0))
-            b = train_body(h.params, rows, jax.random.fold_in(ckey, 1))
-            body_new, head_new = P.split(b.params, is_head)
-            return body_new, head_new, h.loss, b.loss
-
-        body_new, head_new, head_loss, body_loss = cmap(
-            client_update, (idx, gather(state.client_params, idx))
-        )
-        weights = fedavg.client_weights(weighting, data.train.count[idx])
-        body_old, _ = P.split(state.global_params, is_head)
-        body = aggregate.server_step(body_old, aggregate.weighted_mean(body_new, weights), server_lr)
-        new_state = fedavg.FedAvgState(
-            P.merge(state.global_params, body), scatter(state.client_params, idx, head_new), state.round + 1
-        )
-        w = aggregate.normalized_weights(weights)
-        metrics = {
-            "train_loss": jnp.sum(w * body_loss),
-            "head_loss": jnp.sum(w * head_loss),
-            "bytes_up": jnp.float32(k * body_bytes),
-            "bytes_down": jnp.float32(k * body_bytes),
-            "participants": jnp.int32(k),
-        }
-        return new_state, metrics
-
-    return Algorithm(base.init, round_fn, base.evaluate)
+    return Algorithm(
+        functools.partial(fedavg.init, model, is_head),
+        federated_round(
+            step,
+            clients_per_round=clients_per_round,
+            weighting=weighting,
+            privacy=privacy,
+            bytes_up=body_bytes,
+            bytes_down=body_bytes,
+        ),
+        functools.partial(fedavg.evaluate, model, cmap, local.loss),
+    )

@@ -19,7 +19,7 @@ plain SGD). The server averages the returned models uniformly, as the paper's
 Algorithm 1 (`weighting="samples"` weights by train size, as the pFedMe
 authors' reimplementation does). Evaluation personalizes first: each client
 takes `adapt_steps` (paper: 1) plain SGD steps of size alpha on minibatches of
-its train rows, then tests.
+its train rows (drawn with fold_in(evaluation key, client)), then tests.
 
 Schedule: `local.steps` = meta-steps per round; with `local.epochs` = E, a
 client takes ceil(E * ceil(n / B) / m) meta-steps, m = 2 ("fo") or 3 ("hf*")
@@ -29,31 +29,38 @@ beta per dataset).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from pfljax.algorithms import fedavg
-from pfljax.core import aggregate
 from pfljax.core import params as P
-from pfljax.core.batches import batches_per_epoch, stream_batch
-from pfljax.core.clients import ClientMap, as_client_map, client_key, round_keys, take
+from pfljax.core.clients import ClientMap, as_client_map, take
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining, num_scan_steps
+from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
-from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model
 
 VARIANTS = ("fo", "hf", "hf_exact")
-EVAL_KEY = 0x5EED
 
 
 class PerFedAvgState(NamedTuple):
     global_params: Any  # the meta-model (full variables)
     round: jax.Array
+
+
+class MetaHyper(NamedTuple):
+    """One meta-step: the minibatch gradient, alpha, the variant and its delta."""
+
+    value_and_grad: Callable
+    alpha: float
+    variant: str
+    delta: float
 
 
 def make_batch_grad(apply_fn, loss):
@@ -71,15 +78,19 @@ def sgd_step(params, grads, lr):
     return jax.tree.map(lambda p, g: p - lr * g, params, grads)
 
 
+def split_params(variables):
+    """(params, the other collections) of a variables dict."""
+    return variables["params"], {k: v for k, v in variables.items() if k != "params"}
+
+
 def make_adapt(apply_fn, local: LocalTraining, alpha: float, steps: int):
     """adapt(variables, data, key) -> variables after `steps` SGD steps of size alpha."""
     value_and_grad = make_batch_grad(apply_fn, local.loss)
 
     def adapt(variables, data: ClientArrays, key):
-        params = variables["params"]
-        rest = {k: v for k, v in variables.items() if k != "params"}
+        params, rest = split_params(variables)
         for b in range(steps):
-            rows, w = stream_batch(key, jnp.int32(b), data.count, data.x.shape[0], local.batch_size)
+            rows, w, _ = step_batch(local, key, jnp.int32(b), data.count, data.x.shape[0])
             (_, updates), g = value_and_grad(params, rest, data.x[rows], data.y[rows], w)
             params, rest = sgd_step(params, g, alpha), {**rest, **updates}
         return {**rest, "params": params}
@@ -87,56 +98,84 @@ def make_adapt(apply_fn, local: LocalTraining, alpha: float, steps: int):
     return adapt
 
 
+def hessian_vector(hp: MetaHyper, params, rest, batch, g):
+    """H(params; batch) g: finite differences ("hf") or forward-over-reverse ("hf_exact")."""
+
+    def grad_at(p):
+        return hp.value_and_grad(p, rest, *batch)[1]
+
+    if hp.variant == "hf_exact":
+        return jax.jvp(grad_at, (params,), (g,))[1]
+    plus = grad_at(jax.tree.map(lambda p, v: p + hp.delta * v, params, g))
+    minus = grad_at(jax.tree.map(lambda p, v: p - hp.delta * v, params, g))
+    return jax.tree.map(lambda a, b: (a - b) / (2 * hp.delta), plus, minus)
+
+
+def meta_gradient(hp: MetaHyper, params, rest, batches):
+    """The MAML gradient at params from 2 ("fo") or 3 minibatches; with the
+    second batch's loss and collection updates."""
+    (_, _), g1 = hp.value_and_grad(params, rest, *batches[0])
+    (loss, updates), g = hp.value_and_grad(sgd_step(params, g1, hp.alpha), rest, *batches[1])
+    if hp.variant != "fo":
+        hvp = hessian_vector(hp, params, rest, batches[2], g)
+        g = jax.tree.map(lambda gi, h: gi - hp.alpha * h, g, hvp)
+    return g, loss, updates
+
+
 def make_meta_train(apply_fn, local: LocalTraining, alpha: float, variant: str, delta: float):
     """train(variables, data, key) -> (variables, mean meta-loss) for ONE client."""
-    value_and_grad = make_batch_grad(apply_fn, local.loss)
+    hp = MetaHyper(make_batch_grad(apply_fn, local.loss), alpha, variant, delta)
     per_step = 2 if variant == "fo" else 3
-    bsz, optimizer = local.batch_size, local.optimizer
+    optimizer = local.optimizer
 
     def train(variables, data: ClientArrays, key):
         n_max = data.x.shape[0]
-        if local.steps is not None:
-            steps, total = local.steps, None
-        else:
-            steps = -(-num_scan_steps(local, n_max) // per_step)
-            total = local.epochs * batches_per_epoch(data.count, bsz)
+        steps = local.steps if local.steps is not None else -(-num_scan_steps(local, n_max) // per_step)
 
         def batch(b):
-            rows, w = stream_batch(key, b, data.count, n_max, bsz)
+            rows, w, _ = step_batch(local, key, b, data.count, n_max)
             return data.x[rows], data.y[rows], w
 
         def step(carry, s):
             params, rest, opt_state = carry
-            (_, _), g1 = value_and_grad(params, rest, *batch(s * per_step))
-            (loss, updates), g = value_and_grad(sgd_step(params, g1, alpha), rest, *batch(s * per_step + 1))
-            if variant != "fo":
-                xb, yb, wb = batch(s * per_step + 2)
-
-                def grad_at(p):
-                    return value_and_grad(p, rest, xb, yb, wb)[1]
-
-                if variant == "hf_exact":
-                    hvp = jax.jvp(grad_at, (params,), (g,))[1]
-                else:
-                    plus = grad_at(jax.tree.map(lambda p, v: p + delta * v, params, g))
-                    minus = grad_at(jax.tree.map(lambda p, v: p - delta * v, params, g))
-                    hvp = jax.tree.map(lambda a, b: (a - b) / (2 * delta), plus, minus)
-                g = jax.tree.map(lambda gi, h: gi - alpha * h, g, hvp)
+            batches = [batch(s * per_step + i) for i in range(per_step)]
+            g, loss, updates = meta_gradient(hp, params, rest, batches)
             upd, new_opt = optimizer.update(g, opt_state, params)
             new = (optax.apply_updates(params, upd), {**rest, **updates}, new_opt)
-            active = data.count > 0
-            if total is not None:
-                active &= s * per_step < total
+            active = step_batch(local, key, s * per_step, data.count, n_max)[2]
             kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry)
             return kept, (loss * active, active)
 
-        params = variables["params"]
-        rest = {k: v for k, v in variables.items() if k != "params"}
+        params, rest = split_params(variables)
         init = (params, rest, optimizer.init(params))
         (params, rest, _), (losses, active) = jax.lax.scan(step, init, jnp.arange(steps))
         return {**rest, "params": params}, jnp.sum(losses) / jnp.maximum(jnp.sum(active), 1)
 
     return train
+
+
+def client_update(train: Callable, state: PerFedAvgState, cid, inputs, data, key):
+    """ONE client: local meta-steps from the meta-model."""
+    return train(state.global_params, data, key)
+
+
+def server_update(state: PerFedAvgState, outputs, part: Participants):
+    """The new meta-model: the weighted mean of the returned models."""
+    return state._replace(global_params=part.mean(outputs)), {}
+
+
+def init(model: Model, key, params_template=None, num_clients: int = 1) -> PerFedAvgState:
+    params = model.initial(key, params_template)
+    return PerFedAvgState(params, jnp.zeros([], jnp.int32))
+
+
+def evaluate(model: Model, client_map, loss, adapt: Callable, state: PerFedAvgState, data: ClientData, key):
+    """Client c adapts the meta-model on its train rows (key fold_in(key, c)), then tests."""
+
+    def adapted(c):
+        return adapt(state.global_params, take(data.train, c), jax.random.fold_in(key, c))
+
+    return evaluate_clients(model.apply, adapted, data.test, client_map, loss)
 
 
 def build(
@@ -164,8 +203,7 @@ def build(
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if weighting not in fedavg.WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {fedavg.WEIGHTINGS}, got {weighting!r}")
+    check_weighting(weighting)
     if alpha <= 0 or delta <= 0:
         raise ValueError(f"alpha and delta must be > 0, got alpha={alpha}, delta={delta}")
     if adapt_steps < 0:
@@ -174,37 +212,16 @@ def build(
     cmap = as_client_map(client_map)
     train = make_meta_train(model.apply, local, alpha, variant, delta)
     adapt = make_adapt(model.apply, local, alpha, adapt_steps)
-    model_bytes = P.tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
-
-    def init(key, params_template=None, num_clients: int = 1) -> PerFedAvgState:
-        params = model.init(key) if params_template is None else params_template
-        return PerFedAvgState(params, jnp.zeros([], jnp.int32))
-
-    def round_fn(state: PerFedAvgState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
-
-        def client_update(cid):
-            return train(state.global_params, take(data.train, cid), client_key(train_key, cid))
-
-        new, losses = cmap(client_update, idx)
-        weights = fedavg.client_weights(weighting, data.train.count[idx])
-        metrics = {
-            "train_loss": jnp.sum(aggregate.normalized_weights(weights) * losses),
-            "bytes_up": jnp.float32(k * model_bytes),
-            "bytes_down": jnp.float32(k * model_bytes),
-            "participants": jnp.int32(k),
-        }
-        return PerFedAvgState(aggregate.weighted_mean(new, weights), state.round + 1), metrics
-
-    def evaluate(state: PerFedAvgState, data: ClientData):
-        key = jax.random.fold_in(jax.random.key(EVAL_KEY), state.round)
-
-        def adapted(c):
-            return adapt(state.global_params, take(data.train, c), jax.random.fold_in(key, c))
-
-        return evaluate_clients(model.apply, adapted, data.test, cmap, local.loss)
-
-    return Algorithm(init, round_fn, evaluate)
+    model_bytes = P.tree_bytes(model.template())
+    step = client_step(functools.partial(client_update, train), server_update, cmap)
+    return Algorithm(
+        functools.partial(init, model),
+        federated_round(
+            step,
+            clients_per_round=clients_per_round,
+            weighting=weighting,
+            bytes_up=model_bytes,
+            bytes_down=model_bytes,
+        ),
+        functools.partial(evaluate, model, cmap, local.loss, adapt),
+    )

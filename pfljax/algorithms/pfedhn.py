@@ -26,10 +26,17 @@ weight decay 1e-3) after clipping the gradient's global norm to 50. Its local
 training (SGD lr 5e-3, momentum 0.9, weight decay 5e-5, 50 steps of batch 64,
 gradient clip 50) is the `local` argument. Model collections other than
 "params" (BatchNorm statistics) are not generated: each client keeps its own.
+
+The round is `federated_round` (train_loss: the unweighted mean over the K
+clients) with `hypernet.generated_step`: `generate_starts` (the K models and the
+pullback), `client_update` (local training, delta back), `server_update` (one
+hypernetwork step).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -38,19 +45,10 @@ import optax
 
 from pfljax.core import hypernet as H
 from pfljax.core import params as P
-from pfljax.core.clients import (
-    ClientMap,
-    as_client_map,
-    broadcast,
-    client_key,
-    gather,
-    round_keys,
-    scatter,
-    take,
-)
+from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train
-from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.round import Participants, federated_round
 from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
 
@@ -62,6 +60,104 @@ class PFedHNState(NamedTuple):
     global_opt_state: Any
     client_extra: dict  # non-"params" collections, leaves [C, ...] (empty for most models)
     round: jax.Array
+
+
+class PFedHNHyper(NamedTuple):
+    """What the pieces need: the local trainer, the hypernetwork (`hypernet(C)`), the
+    model's "params" layout (leaf paths and treedef, in head order), the optimizer
+    and how the K clients' gradients combine."""
+
+    train: Callable
+    hypernet: Callable[[int], H.HyperNet]
+    paths: tuple[str, ...]
+    treedef: Any
+    optimizer: optax.GradientTransformation
+    combine: str
+
+
+def make_hypernet(shapes: dict, embedding_dim: int, hidden: tuple[int, ...], num_clients: int) -> H.HyperNet:
+    """The hypernetwork for C clients: one head per "params" leaf (E = int(1 + C / 4) if 0)."""
+    dim = embedding_dim or int(1 + num_clients / 4)
+    return H.mlp_hypernet(
+        shapes, num_embeddings=num_clients, embedding_dim=dim, hidden=hidden, relu_last=False
+    )
+
+
+def generate(hp: PFedHNHyper, hn_params: dict, c: jax.Array) -> dict:
+    """Client c's "params" tree, h(v_c)."""
+    out = hp.hypernet(1).apply(hn_params, c)  # apply does not depend on the table size
+    return jax.tree.unflatten(hp.treedef, [out[p] for p in hp.paths])
+
+
+def init(hp: PFedHNHyper, model: Model, key, params_template=None, num_clients: int = 1) -> PFedHNState:
+    """A fresh hypernetwork (the template only supplies the other collections)."""
+    k_hn, k_model = jax.random.split(key)
+    hn_params = hp.hypernet(num_clients).init(k_hn)
+    variables = model.init(k_model) if params_template is None else params_template
+    extra = {k: v for k, v in variables.items() if k != "params"}
+    return PFedHNState(
+        hn_params, hp.optimizer.init(hn_params), broadcast(extra, num_clients), jnp.zeros([], jnp.int32)
+    )
+
+
+def generate_starts(hp: PFedHNHyper, state: PFedHNState, part: Participants):
+    """The K personalized models in one batched forward pass, and its pullback."""
+    return H.vjp_generate(lambda p: jax.vmap(lambda c: generate(hp, p, c))(part.ids), state.global_hn)
+
+
+def client_update(hp: PFedHNHyper, state: PFedHNState, cid, start, data, key):
+    """ONE client trains its generated model; returns (delta, its other collections), loss."""
+    extra = take(state.client_extra, cid)
+    res = hp.train({**extra, "params": start}, data, key)
+    delta = jax.tree.map(jnp.subtract, res.params["params"], start)
+    return (delta, {c: v for c, v in res.params.items() if c != "params"}), res.loss
+
+
+def server_update(hp: PFedHNHyper, state: PFedHNState, outputs, part: Participants, grad_of):
+    """One hypernetwork step on the sum (or mean) of the K pullbacks of -delta."""
+    deltas, extra = outputs
+    scale = 1.0 / part.k if hp.combine == "mean" else 1.0
+    grads = jax.tree.map(lambda g: g * scale, grad_of(deltas))
+    hn_params, opt_state = H.apply_grads(hp.optimizer, state.global_hn, state.global_opt_state, grads)
+    new_state = state._replace(
+        global_hn=hn_params, global_opt_state=opt_state, client_extra=part.scatter(state.client_extra, extra)
+    )
+    return new_state, {"hn_grad_norm": optax.tree.norm(grads)}
+
+
+def evaluate(hp: PFedHNHyper, model: Model, client_map, loss, state: PFedHNState, data: ClientData, key):
+    """Each client's generated model on its test rows (deterministic: `key` is unused)."""
+    del key
+
+    def variables_of(c):
+        return {**take(state.client_extra, c), "params": generate(hp, state.global_hn, c)}
+
+    return evaluate_clients(model.apply, variables_of, data.test, client_map, loss)
+
+
+def make_optimizer(lr: float, momentum: float, weight_decay: float, clip_norm: float):
+    """The hypernetwork's optimizer: SGD with momentum and weight decay after clipping
+    the gradient's global norm (0: no clip), as the released code."""
+    return optax.chain(
+        optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
+        optax.add_decayed_weights(weight_decay),
+        optax.sgd(lr, momentum=momentum or None),
+    )
+
+
+def _check(embedding_dim, hn_hidden, hn_lr, hn_momentum, hn_weight_decay, hn_clip_norm, combine) -> None:
+    """ValueError on an option out of range."""
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+    if not hn_hidden or min(hn_hidden) < 1:
+        raise ValueError(f"hn_hidden must be a non-empty tuple of widths >= 1, got {hn_hidden}")
+    if embedding_dim < 0:
+        raise ValueError(f"embedding_dim must be >= 0 (0: automatic), got {embedding_dim}")
+    if hn_lr <= 0 or hn_momentum < 0 or hn_weight_decay < 0 or hn_clip_norm < 0:
+        raise ValueError(
+            "hn_lr must be > 0 and hn_momentum, hn_weight_decay, hn_clip_norm >= 0, got "
+            f"{hn_lr}, {hn_momentum}, {hn_weight_decay}, {hn_clip_norm}"
+        )
 
 
 def build(
@@ -94,87 +190,30 @@ def build(
         one-client loop).
     """
     hn_hidden = tuple(int(h) for h in hn_hidden)
-    if combine not in COMBINES:
-        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
-    if not hn_hidden or min(hn_hidden) < 1:
-        raise ValueError(f"hn_hidden must be a non-empty tuple of widths >= 1, got {hn_hidden}")
-    if embedding_dim < 0:
-        raise ValueError(f"embedding_dim must be >= 0 (0: automatic), got {embedding_dim}")
-    if hn_lr <= 0 or hn_momentum < 0 or hn_weight_decay < 0 or hn_clip_norm < 0:
-        raise ValueError(
-            "hn_lr must be > 0 and hn_momentum, hn_weight_decay, hn_clip_norm >= 0, got "
-            f"{hn_lr}, {hn_momentum}, {hn_weight_decay}, {hn_clip_norm}"
-        )
+    _check(embedding_dim, hn_hidden, hn_lr, hn_momentum, hn_weight_decay, hn_clip_norm, combine)
     cmap = as_client_map(client_map)
-    train = make_local_train(model.apply, local)
-    template = jax.eval_shape(model.init, jax.random.key(0))
-    paths = P.leaf_paths(template["params"])
-    treedef = jax.tree.structure(template["params"])
-    shapes = {p: leaf.shape for p, leaf in zip(paths, jax.tree.leaves(template["params"]))}
-    param_bytes = P.tree_bytes(template["params"])
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(hn_clip_norm) if hn_clip_norm > 0 else optax.identity(),
-        optax.add_decayed_weights(hn_weight_decay),
-        optax.sgd(hn_lr, momentum=hn_momentum or None),
+    template = model.template()["params"]
+    paths = tuple(P.leaf_paths(template))
+    shapes = {p: leaf.shape for p, leaf in zip(paths, jax.tree.leaves(template))}
+    hp = PFedHNHyper(
+        make_local_train(model.apply, local),
+        functools.partial(make_hypernet, shapes, embedding_dim, hn_hidden),
+        paths,
+        jax.tree.structure(template),
+        make_optimizer(hn_lr, hn_momentum, hn_weight_decay, hn_clip_norm),
+        combine,
     )
-
-    def hypernet(num_clients: int) -> H.HyperNet:
-        dim = embedding_dim or int(1 + num_clients / 4)
-        return H.mlp_hypernet(
-            shapes, num_embeddings=num_clients, embedding_dim=dim, hidden=hn_hidden, relu_last=False
-        )
-
-    apply_hn = hypernet(1).apply  # apply does not depend on the table size
-
-    def generate(hn_params: dict, c: jax.Array) -> dict:
-        """Client c's "params" tree, h(v_c)."""
-        out = apply_hn(hn_params, c)
-        return jax.tree.unflatten(treedef, [out[p] for p in paths])
-
-    def init(key, params_template=None, num_clients: int = 1) -> PFedHNState:
-        """A fresh hypernetwork (the template only supplies the other collections)."""
-        k_hn, k_model = jax.random.split(key)
-        hn_params = hypernet(num_clients).init(k_hn)
-        variables = model.init(k_model) if params_template is None else params_template
-        extra = {k: v for k, v in variables.items() if k != "params"}
-        return PFedHNState(
-            hn_params, optimizer.init(hn_params), broadcast(extra, num_clients), jnp.zeros([], jnp.int32)
-        )
-
-    def round_fn(state: PFedHNState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
-        # Server: the K personalized models in one batched forward pass, and its pullback.
-        starts, grad_of = H.vjp_generate(lambda p: jax.vmap(lambda c: generate(p, c))(idx), state.global_hn)
-
-        def client_update(args):
-            cid, start, extra = args
-            res = train({**extra, "params": start}, take(data.train, cid), client_key(train_key, cid))
-            delta = jax.tree.map(jnp.subtract, res.params["params"], start)
-            return delta, {c: v for c, v in res.params.items() if c != "params"}, res.loss
-
-        deltas, extra, losses = cmap(client_update, (idx, starts, gather(state.client_extra, idx)))
-        scale = 1.0 / k if combine == "mean" else 1.0
-        grads = jax.tree.map(lambda g: g * scale, grad_of(deltas))
-        hn_params, opt_state = H.apply_grads(optimizer, state.global_hn, state.global_opt_state, grads)
-        new_state = PFedHNState(
-            hn_params, opt_state, scatter(state.client_extra, idx, extra), state.round + 1
-        )
-        metrics = {
-            "train_loss": jnp.mean(losses),
-            "bytes_up": jnp.float32(k * param_bytes),
-            "bytes_down": jnp.float32(k * param_bytes),
-            "participants": jnp.int32(k),
-            "hn_grad_norm": optax.tree.norm(grads),
-        }
-        return new_state, metrics
-
-    def evaluate(state: PFedHNState, data: ClientData):
-        def variables_of(c):
-            return {**take(state.client_extra, c), "params": generate(state.global_hn, c)}
-
-        return evaluate_clients(model.apply, variables_of, data.test, cmap, local.loss)
-
-    return Algorithm(init, round_fn, evaluate)
+    step = H.generated_step(
+        functools.partial(generate_starts, hp),
+        functools.partial(client_update, hp),
+        functools.partial(server_update, hp),
+        cmap,
+    )
+    size = P.tree_bytes(template)  # bytes of one model, each way
+    return Algorithm(
+        functools.partial(init, hp, model),
+        federated_round(
+            step, clients_per_round=clients_per_round, weighting="uniform", bytes_up=size, bytes_down=size
+        ),
+        functools.partial(evaluate, hp, model, cmap, local.loss),
+    )

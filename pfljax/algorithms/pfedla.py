@@ -18,13 +18,17 @@ alpha_i^{l,i} use one-hot weights (the client keeps its own layer: not
 downloaded, no hypernetwork gradient). Uploads stay whole: the server keeps
 every client's latest model for the others to mix.
 
-Groups: "module" (default; a Dense/Conv kernel and bias together, a BatchNorm
-scale and offset together) or "tensor" (one group per leaf, as in FL-bench's
-pFedLA). BatchNorm running statistics are never mixed or sent.
+Groups (`pfljax.core.layers.leaf_groups`): "module" (default; a Dense/Conv
+kernel and bias together, a BatchNorm scale and offset together) or "tensor" (one
+group per leaf, as in FL-bench's pFedLA). BatchNorm running statistics are never
+mixed or sent.
 
-`evaluate`: `accuracy` is client i's personalized aggregate theta_bar_i (what it
-would download next, as the public code tests it); `own_accuracy` its latest
-locally trained model theta_i.
+The round is `federated_round` with `hypernet.generated_step`: `generate_starts`
+(the hypernetworks' weights and the mixing, with its pullback), `client_update`
+(local training from the start), `server_update` (store the models, step the
+hypernetworks). `evaluate`: `accuracy` is client i's personalized aggregate
+theta_bar_i (what it would download next, as the public code tests it);
+`own_accuracy` its latest locally trained model theta_i.
 
 Choices where the public (unofficial) code, KarhouTam/pFedLA and its FL-bench
 port, differs or the paper is silent:
@@ -50,33 +54,26 @@ port, differs or the paper is silent:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from pfljax.core import aggregate, hypernet
+from pfljax.core import hypernet
 from pfljax.core import params as P
-from pfljax.core.clients import (
-    ClientMap,
-    as_client_map,
-    broadcast,
-    client_key,
-    gather,
-    round_keys,
-    scatter,
-    take,
-)
+from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
+from pfljax.core.layers import LEAF_GROUPINGS, leaf_groups
 from pfljax.core.local import LocalTraining, make_local_train
-from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.round import Participants, federated_round
 from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
 
 PyTree = Any
 NORMALIZATIONS = ("relu_normalize", "softmax")
-GROUPINGS = ("module", "tensor")
 HN_OPTIMIZERS = ("sgd", "adam")
 HN_SIGNS = ("descent", "code")
 HEAD_INITS = ("auto",) + hypernet.INITS
@@ -94,24 +91,21 @@ class PFedLAState(NamedTuple):
     round: jax.Array
 
 
-def layer_groups(params: PyTree, by: str = "module") -> tuple[PyTree, tuple[str, ...]]:
-    """Layer group of every leaf of one client's "params" tree.
+class PFedLAHyper(NamedTuple):
+    """What the pieces need: the local trainer, the layer groups (a tree of ids, their
+    names and [L] bytes), the hypernetwork (`hypernet(C)`), its weights' options and
+    optimizer, the update's sign and the traced client."""
 
-    Args:
-      params: a params tree (no client axis), e.g. {"conv_0": {"kernel", "bias"}}.
-      by: "module" (leaves of one module together) or "tensor" (one per leaf).
-
-    Returns:
-      (groups, names): a pytree like params with an int group id per leaf, and
-      the L group names (module paths or leaf paths) in first-seen order.
-    """
-    if by not in GROUPINGS:
-        raise ValueError(f"grouping must be one of {GROUPINGS}, got {by!r}")
-    paths = P.leaf_paths(params)
-    keys = [p.rsplit("/", 1)[0] if by == "module" and "/" in p else p for p in paths]
-    names = tuple(dict.fromkeys(keys))
-    ids = [names.index(k) for k in keys]
-    return jax.tree.unflatten(jax.tree.structure(params), ids), names
+    train: Callable
+    groups: Any
+    names: tuple[str, ...]
+    group_bytes: np.ndarray
+    hypernet: Callable[[int], hypernet.HyperNet]
+    normalization: str
+    top_k: int
+    optimizer: optax.GradientTransformation
+    hn_sign: str
+    trace_client: int
 
 
 def layer_mix(alpha: jax.Array, client_params: PyTree, groups: PyTree) -> PyTree:
@@ -120,7 +114,8 @@ def layer_mix(alpha: jax.Array, client_params: PyTree, groups: PyTree) -> PyTree
     Args:
       alpha: [K, L, N] weights of K targets over N clients, per layer group.
       client_params: pytree with leaves [N, ...].
-      groups: pytree like one client's params, an int group id per leaf.
+      groups: pytree like one client's params, an int group id per leaf
+        (`pfljax.core.layers.leaf_groups`).
 
     Returns:
       pytree with leaves [K, ...], one einsum per leaf (leaves flattened to [N, P]
@@ -167,10 +162,190 @@ def collaboration_matrix(state: PFedLAState) -> jax.Array:
     return jnp.mean(state.client_alpha, axis=1)
 
 
+def make_hypernet(
+    names: tuple[str, ...], embedding_dim: int, hidden: tuple[int, ...], head_init: str, num_clients: int
+) -> hypernet.HyperNet:
+    """One client's hypernetwork: one head of C raw weights per layer group."""
+    return hypernet.mlp_hypernet(
+        {name: num_clients for name in names},
+        embedding_dim=embedding_dim,
+        hidden=hidden,
+        relu_last=True,
+        trunk_init="torch",
+        head_init=head_init,
+    )
+
+
+def layer_weights(hp: PFedLAHyper, hn_params: dict, cid: jax.Array, num_clients: int):
+    """Client cid's weights alpha [L, C] from its hypernetwork, and the groups it retains [L]."""
+    out = hp.hypernet(num_clients).apply(hn_params, 0)
+    raw = jnp.stack([out[name] for name in hp.names])
+    return retain_top_k(normalize_weights(raw, cid, hp.normalization), cid, hp.top_k)
+
+
+def participant_layer_weights(hp: PFedLAHyper, hn_rows: dict, part: Participants):
+    """(alpha [K, L, C], retained [K, L]) of the participants' hypernetworks [K, ...]."""
+    return jax.vmap(lambda hn, c: layer_weights(hp, hn, c, part.num_clients))(hn_rows, part.ids)
+
+
+def init_server(hp: PFedLAHyper, params: PyTree, key: jax.Array, num_clients: int) -> PFedLAState:
+    """Every client at `params`, C fresh hypernetworks and their weights."""
+    hn = hypernet.init_stacked(hp.hypernet(num_clients), key, num_clients)
+    alpha = jax.vmap(lambda p, c: layer_weights(hp, p, c, num_clients)[0])(hn, jnp.arange(num_clients))
+    return PFedLAState(
+        broadcast(params, num_clients),
+        hn,
+        jax.vmap(hp.optimizer.init)(hn),
+        alpha,
+        jnp.zeros([], jnp.int32),
+    )
+
+
+def init(hp: PFedLAHyper, model: Model, init_jit: Callable, key, params_template=None, num_clients: int = 1):
+    """`init_jit` is `init_server` bound to hp and jitted (num_clients static)."""
+    if hp.trace_client >= num_clients:
+        raise ValueError(f"trace_client must be < num_clients={num_clients}, got {hp.trace_client}")
+    params = model.initial(key, params_template)  # as fedavg
+    return init_jit(params, jax.random.fold_in(key, 0x4E), num_clients)
+
+
+def generate_starts(hp: PFedLAHyper, state: PFedLAState, part: Participants):
+    """The participants' starts theta_bar [K, ...] (their weights mixing all C models),
+    and the pullback to their hypernetworks [K, ...] (one VJP: row k only reaches start k)."""
+    all_params = state.client_params["params"]
+
+    def mix(hn_rows):
+        return layer_mix(participant_layer_weights(hp, hn_rows, part)[0], all_params, hp.groups)
+
+    return hypernet.vjp_generate(mix, part.gather(state.client_hn))
+
+
+def client_update(hp: PFedLAHyper, state: PFedLAState, cid, start, data, key):
+    """ONE client: its own non-"params" collections with its start, trained locally.
+    Returns (trained variables, delta = trained params - start) and the loss."""
+    rest = take({name: v for name, v in state.client_params.items() if name != "params"}, cid)
+    res = hp.train({**rest, "params": start}, data, key)
+    return (res.params, jax.tree.map(jnp.subtract, res.params["params"], start)), res.loss
+
+
+def server_update(hp: PFedLAHyper, state: PFedLAState, outputs, part: Participants, grad_of):
+    """Stores the trained models; steps each participant's hypernetwork along the
+    pullback of its -delta (+delta with hn_sign="code") and recomputes its weights."""
+    trained, delta = outputs
+    if hp.hn_sign == "code":
+        delta = jax.tree.map(jnp.negative, delta)
+    hn_rows, opt_rows = part.gather(state.client_hn), part.gather(state.client_hn_opt)
+    alpha, retained = participant_layer_weights(hp, hn_rows, part)
+    hn, hn_opt = jax.vmap(lambda p, o, g: hypernet.apply_grads(hp.optimizer, p, o, g))(
+        hn_rows, opt_rows, grad_of(delta)
+    )
+    client_alpha = state.client_alpha.at[part.ids].set(participant_layer_weights(hp, hn, part)[0])
+    new_state = state._replace(
+        client_params=part.scatter(state.client_params, trained),
+        client_hn=part.scatter(state.client_hn, hn),
+        client_hn_opt=part.scatter(state.client_hn_opt, hn_opt),
+        client_alpha=client_alpha,
+    )
+    return new_state, round_metrics(hp, alpha, retained, part, client_alpha)
+
+
+def round_metrics(hp: PFedLAHyper, alpha, retained, part: Participants, client_alpha) -> dict:
+    """Round-start mean self-weight and retained groups, bytes downloaded (retained
+    groups are not), and the traced client's new weights [L, C]."""
+    self_w = alpha[jnp.arange(part.k), :, part.ids]
+    return {
+        "bytes_down": jnp.sum(jnp.where(retained, 0.0, hp.group_bytes[None])),
+        "self_weight": jnp.mean(self_w),
+        "retained_groups": jnp.mean(jnp.sum(retained, axis=1).astype(jnp.float32)),
+        "trace_alpha": client_alpha[hp.trace_client],
+    }
+
+
+def evaluate(hp: PFedLAHyper, model: Model, client_map, loss, state: PFedLAState, data: ClientData, key):
+    """`accuracy`/`loss`: each client's aggregate theta_bar_i; `own_*`: its latest model
+    (deterministic: `key` is unused)."""
+    del key
+    mixed = layer_mix(state.client_alpha, state.client_params["params"], hp.groups)  # [C, ...]
+    personalized = {**state.client_params, "params": mixed}
+    out = evaluate_clients(model.apply, lambda c: take(personalized, c), data.test, client_map, loss)
+    latest = lambda c: take(state.client_params, c)  # noqa: E731
+    own = evaluate_clients(model.apply, latest, data.test, client_map, loss)
+    return {**out, "own_accuracy": own["accuracy"], "own_loss": own["loss"]}
+
+
+def group_bytes(params: PyTree, groups: PyTree, num_groups: int) -> np.ndarray:
+    """[L] float32 bytes of each layer group."""
+    sizes = [0] * num_groups
+    for g, leaf in zip(jax.tree.leaves(groups), jax.tree.leaves(params)):
+        sizes[g] += P.tree_bytes(leaf)
+    return np.asarray(sizes, np.float32)
+
+
 def _hn_optimizer(name: str, lr: float, momentum: float) -> optax.GradientTransformation:
     if name == "adam":
         return optax.adam(lr)
     return optax.sgd(lr, momentum=momentum or None)
+
+
+def _check_choices(**choices) -> None:
+    """ValueError unless each {name: (value, allowed)} has its value allowed."""
+    for name, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def _check_ranges(names, top_k, hn_lr, hn_momentum, embedding_dim, hn_hidden, trace_client) -> None:
+    """ValueError on a numeric option out of range (top_k against the L groups `names`)."""
+    if not 0 <= top_k <= len(names):
+        raise ValueError(f"top_k must be in [0, {len(names)}] (layer groups {names}), got {top_k}")
+    if not hn_lr > 0 or hn_momentum < 0:
+        raise ValueError(f"hn_lr must be > 0 and hn_momentum >= 0, got {hn_lr}, {hn_momentum}")
+    if embedding_dim < 1 or not hn_hidden or min(hn_hidden) < 1:
+        raise ValueError(f"embedding_dim and hn_hidden must be >= 1, got {embedding_dim}, {hn_hidden}")
+    if trace_client < 0:
+        raise ValueError(f"trace_client must be >= 0, got {trace_client}")
+
+
+def make_hyper(
+    model: Model,
+    local: LocalTraining,
+    top_k: int,
+    grouping: str,
+    normalization: str,
+    embedding_dim: int,
+    hn_hidden: tuple[int, ...],
+    head_init: str,
+    hn_optimizer: str,
+    hn_lr: float,
+    hn_momentum: float,
+    hn_sign: str,
+    trace_client: int,
+) -> PFedLAHyper:
+    """Validates `build`'s options and binds them (layer groups of the model's params)."""
+    _check_choices(
+        grouping=(grouping, LEAF_GROUPINGS),
+        normalization=(normalization, NORMALIZATIONS),
+        head_init=(head_init, HEAD_INITS),
+        hn_optimizer=(hn_optimizer, HN_OPTIMIZERS),
+        hn_sign=(hn_sign, HN_SIGNS),
+    )
+    template = model.template()["params"]
+    groups, names = leaf_groups(template, grouping)
+    _check_ranges(names, top_k, hn_lr, hn_momentum, embedding_dim, hn_hidden, trace_client)
+    if head_init == "auto":
+        head_init = "uniform01" if normalization == "relu_normalize" else "zeros"
+    return PFedLAHyper(
+        make_local_train(model.apply, local),
+        groups,
+        names,
+        group_bytes(template, groups, len(names)),
+        functools.partial(make_hypernet, names, embedding_dim, hn_hidden, head_init),
+        normalization,
+        top_k,
+        _hn_optimizer(hn_optimizer, hn_lr, hn_momentum),
+        hn_sign,
+        trace_client,
+    )
 
 
 def build(
@@ -199,7 +374,7 @@ def build(
       clients_per_round: K clients sampled per round (None: all).
       client_map: client-axis mapping strategy (see pfljax.core.clients).
       top_k: HeurpFedLA's number of layer groups kept local per round (0: pFedLA).
-      grouping: "module" or "tensor" (see `layer_groups`).
+      grouping: "module" or "tensor" (see `pfljax.core.layers.leaf_groups`).
       normalization: "relu_normalize" or "softmax" (see `normalize_weights`).
       embedding_dim: size of each client's embedding v_i.
       hn_hidden: widths of the hypernetwork's Dense+ReLU trunk.
@@ -209,129 +384,21 @@ def build(
       hn_sign: "descent" (default) or "code" (cotangent +delta, see module doc).
       trace_client: whose per-layer weights [L, C] go to the `trace_alpha` metric.
     """
-    checks = {
-        "grouping": (grouping, GROUPINGS),
-        "normalization": (normalization, NORMALIZATIONS),
-        "head_init": (head_init, HEAD_INITS),
-        "hn_optimizer": (hn_optimizer, HN_OPTIMIZERS),
-        "hn_sign": (hn_sign, HN_SIGNS),
-    }
-    for name, (value, allowed) in checks.items():
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    template = jax.eval_shape(model.init, jax.random.key(0))
-    groups, names = layer_groups(template["params"], grouping)
-    if not 0 <= top_k <= len(names):
-        raise ValueError(f"top_k must be in [0, {len(names)}] (layer groups {names}), got {top_k}")
-    if not hn_lr > 0 or hn_momentum < 0:
-        raise ValueError(f"hn_lr must be > 0 and hn_momentum >= 0, got {hn_lr}, {hn_momentum}")
-    if embedding_dim < 1 or not hn_hidden or min(hn_hidden) < 1:
-        raise ValueError(f"embedding_dim and hn_hidden must be >= 1, got {embedding_dim}, {hn_hidden}")
-    if trace_client < 0:
-        raise ValueError(f"trace_client must be >= 0, got {trace_client}")
-    if head_init == "auto":
-        head_init = "uniform01" if normalization == "relu_normalize" else "zeros"
+    hp = make_hyper(
+        model, local, top_k, grouping, normalization, embedding_dim, hn_hidden, head_init,
+        hn_optimizer, hn_lr, hn_momentum, hn_sign, trace_client,
+    )  # fmt: skip
     cmap = as_client_map(client_map)
-    train = make_local_train(model.apply, local)
-    optimizer = _hn_optimizer(hn_optimizer, hn_lr, hn_momentum)
-    flat_groups = jax.tree.leaves(groups)
-    group_bytes = [0] * len(names)
-    for g, leaf in zip(flat_groups, jax.tree.leaves(template["params"])):
-        group_bytes[g] += P.tree_bytes(leaf)
-    group_bytes = jnp.asarray(group_bytes, jnp.float32)
-    params_bytes = float(P.tree_bytes(template["params"]))
-
-    def make_hypernet(num_clients: int) -> hypernet.HyperNet:
-        return hypernet.mlp_hypernet(
-            {name: num_clients for name in names},
-            embedding_dim=embedding_dim,
-            hidden=hn_hidden,
-            relu_last=True,
-            trunk_init="torch",
-            head_init=head_init,
-        )
-
-    def alpha_of(hn_apply, hn_params, cid):
-        out = hn_apply(hn_params, 0)
-        raw = jnp.stack([out[name] for name in names])
-        return retain_top_k(normalize_weights(raw, cid, normalization), cid, top_k)
-
-    @functools.partial(jax.jit, static_argnums=2)
-    def init_server(params, key, num_clients: int) -> PFedLAState:
-        net = make_hypernet(num_clients)
-        hn = hypernet.init_stacked(net, key, num_clients)
-        alpha = jax.vmap(lambda p, c: alpha_of(net.apply, p, c)[0])(hn, jnp.arange(num_clients))
-        return PFedLAState(
-            broadcast(params, num_clients),
-            hn,
-            jax.vmap(optimizer.init)(hn),
-            alpha,
-            jnp.zeros([], jnp.int32),
-        )
-
-    def init(key, params_template=None, num_clients: int = 1) -> PFedLAState:
-        if trace_client >= num_clients:
-            raise ValueError(f"trace_client must be < num_clients={num_clients}, got {trace_client}")
-        params = model.init(key) if params_template is None else params_template  # as fedavg
-        return init_server(params, jax.random.fold_in(key, 0x4E), num_clients)
-
-    def round_fn(state: PFedLAState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        net = make_hypernet(num)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
-        all_params = state.client_params["params"]
-        hn_rows, opt_rows = gather(state.client_hn, idx), gather(state.client_hn_opt, idx)
-        alphas = jax.vmap(lambda hn, c: alpha_of(net.apply, hn, c))
-
-        def generate(hn):  # [K] hypernetworks -> [K] personalized starts, one einsum per leaf
-            return layer_mix(alphas(hn, idx)[0], all_params, groups)
-
-        alpha, retained = alphas(hn_rows, idx)
-        start, grad_of = hypernet.vjp_generate(generate, hn_rows)
-
-        def client_update(args):
-            cid, rest, start_c = args
-            res = train({**rest, "params": start_c}, take(data.train, cid), client_key(train_key, cid))
-            return res.params, res.loss
-
-        rest = {name: v for name, v in state.client_params.items() if name != "params"}
-        params, losses = cmap(client_update, (idx, gather(rest, idx), start))
-        delta = jax.tree.map(jnp.subtract, params["params"], start)
-        if hn_sign == "code":
-            delta = jax.tree.map(jnp.negative, delta)
-        # One VJP for all K clients: client k's rows only reach its own start.
-        hn, hn_opt = jax.vmap(lambda p, o, g: hypernet.apply_grads(optimizer, p, o, g))(
-            hn_rows, opt_rows, grad_of(delta)
-        )
-        new_alpha = alphas(hn, idx)[0]
-        self_w = alpha[jnp.arange(k), :, idx]
-        new_state = PFedLAState(
-            scatter(state.client_params, idx, params),
-            scatter(state.client_hn, idx, hn),
-            scatter(state.client_hn_opt, idx, hn_opt),
-            state.client_alpha.at[idx].set(new_alpha),
-            state.round + 1,
-        )
-        weights = aggregate.normalized_weights(data.train.count[idx])
-        metrics = {
-            "train_loss": jnp.sum(weights * losses),
-            "bytes_up": jnp.float32(k * params_bytes),
-            "bytes_down": jnp.sum(jnp.where(retained, 0.0, group_bytes[None])),
-            "participants": jnp.int32(k),
-            "self_weight": jnp.mean(self_w),
-            "retained_groups": jnp.mean(jnp.sum(retained, axis=1).astype(jnp.float32)),
-            "trace_alpha": new_state.client_alpha[trace_client],
-        }
-        return new_state, metrics
-
-    def evaluate(state: PFedLAState, data: ClientData):
-        mixed = layer_mix(state.client_alpha, state.client_params["params"], groups)  # [C, ...]
-        personalized = {**state.client_params, "params": mixed}
-        out = evaluate_clients(model.apply, lambda c: take(personalized, c), data.test, cmap, local.loss)
-        latest = lambda c: take(state.client_params, c)  # noqa: E731
-        own = evaluate_clients(model.apply, latest, data.test, cmap, local.loss)
-        return {**out, "own_accuracy": own["accuracy"], "own_loss": own["loss"]}
-
-    return Algorithm(init, round_fn, evaluate)
+    template = model.template()["params"]
+    step = hypernet.generated_step(
+        functools.partial(generate_starts, hp),
+        functools.partial(client_update, hp),
+        functools.partial(server_update, hp),
+        cmap,
+    )
+    return Algorithm(
+        functools.partial(init, hp, model, jax.jit(functools.partial(init_server, hp), static_argnums=2)),
+        federated_round(step, clients_per_round=clients_per_round, bytes_up=float(P.tree_bytes(template))),
+        functools.partial(evaluate, hp, model, cmap, local.loss),
+        collaboration_matrix=collaboration_matrix,
+    )

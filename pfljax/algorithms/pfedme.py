@@ -24,29 +24,21 @@ Schedule: `local.steps` = R; with `local.epochs` = E, R = E * ceil(n / B)
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from pfljax.algorithms import fedavg
 from pfljax.core import aggregate
 from pfljax.core import params as P
-from pfljax.core.batches import batches_per_epoch, stream_batch
-from pfljax.core.clients import (
-    ClientMap,
-    as_client_map,
-    broadcast,
-    client_key,
-    round_keys,
-    scatter,
-    take,
-)
+from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining, num_scan_steps
+from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
-from pfljax.core.sampling import check_clients_per_round, participation_mask, sample_clients
+from pfljax.core.round import Participants, check_weighting, federated_round, map_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model
 
@@ -57,10 +49,20 @@ class PFedMeState(NamedTuple):
     round: jax.Array
 
 
-def make_moreau_train(apply_fn, local: LocalTraining, lam, inner_steps, personal_lr, personal_l2):
-    """train(w, data, key) -> (w_new, theta, mean personal loss) for ONE client (variables dicts)."""
-    loss_obj = get_loss(local.loss)
-    bsz, optimizer = local.batch_size, local.optimizer
+class PFedMeHyper(NamedTuple):
+    """The Moreau-envelope trainer, the server mixing weight beta, whether every
+    client trains, and the bytes of one model."""
+
+    train: Callable
+    beta: float
+    train_all: bool
+    model_bytes: float
+
+
+def make_inner_grad(apply_fn, loss, lam, personal_l2):
+    """grad of f(theta; D) + lam / 2 ||theta - w||^2 (+ personal_l2 / 2 ||theta||^2)
+    w.r.t. theta, with aux (loss, collection updates)."""
+    loss_obj = get_loss(loss)
 
     def inner_objective(theta, rest, w, xb, yb, wb):
         out, updates = apply_fn({**rest, "params": theta}, xb, train=True)
@@ -71,19 +73,21 @@ def make_moreau_train(apply_fn, local: LocalTraining, lam, inner_steps, personal
             total = total + 0.5 * personal_l2 * sum(jnp.sum(t**2) for t in jax.tree.leaves(theta))
         return total, (loss, updates)
 
-    inner_grad = jax.grad(inner_objective, has_aux=True)
+    return jax.grad(inner_objective, has_aux=True)
+
+
+def make_moreau_train(apply_fn, local: LocalTraining, lam, inner_steps, personal_lr, personal_l2):
+    """train(w, data, key) -> ((w_new, theta), mean personal loss) for ONE client (variables dicts)."""
+    inner_grad = make_inner_grad(apply_fn, local.loss, lam, personal_l2)
+    optimizer = local.optimizer
 
     def train(variables, data: ClientArrays, key):
         n_max = data.x.shape[0]
-        if local.steps is not None:
-            steps, total = local.steps, None
-        else:
-            steps = num_scan_steps(local, n_max)
-            total = local.epochs * batches_per_epoch(data.count, bsz)
+        steps = num_scan_steps(local, n_max)
 
         def step(carry, s):
             w, theta, rest, opt_state = carry
-            rows, wb = stream_batch(key, s, data.count, n_max, bsz)
+            rows, wb, active = step_batch(local, key, s, data.count, n_max)
             xb, yb = data.x[rows], data.y[rows]
 
             def inner(c, _):
@@ -95,9 +99,6 @@ def make_moreau_train(apply_fn, local: LocalTraining, lam, inner_steps, personal
             envelope_grad = jax.tree.map(lambda a, t: lam * (a - t), w, theta_new)
             upd, new_opt = optimizer.update(envelope_grad, opt_state, w)
             new = (optax.apply_updates(w, upd), theta_new, rest_new, new_opt)
-            active = data.count > 0
-            if total is not None:
-                active &= s < total
             kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry)
             return kept, (losses[-1] * active, active)
 
@@ -106,9 +107,55 @@ def make_moreau_train(apply_fn, local: LocalTraining, lam, inner_steps, personal
         init = (w, w, rest, optimizer.init(w))
         (w, theta, rest, _), (losses, active) = jax.lax.scan(step, init, jnp.arange(steps))
         mean_loss = jnp.sum(losses) / jnp.maximum(jnp.sum(active), 1)
-        return {**rest, "params": w}, {**rest, "params": theta}, mean_loss
+        return ({**rest, "params": w}, {**rest, "params": theta}), mean_loss
 
     return train
+
+
+def trainees(part: Participants, train_all: bool) -> Participants:
+    """Who trains this round: the participants, or every client (weight 0 unless sampled)."""
+    if not train_all:
+        return part
+    num = part.num_clients
+    weights = part.scatter(jnp.zeros((num,), jnp.float32), part.weights)
+    return part._replace(ids=jnp.arange(num), weights=weights)
+
+
+def client_update(hp: PFedMeHyper, state: PFedMeState, cid, inputs, data, key):
+    """ONE client: R Moreau-envelope local steps from w; returns (w_i, theta_i)."""
+    return hp.train(state.global_params, data, key)
+
+
+def server_update(hp: PFedMeHyper, state: PFedMeState, outputs, who: Participants):
+    """w mixed with beta towards the weighted mean of the sampled w_i; the trainees' theta_i stored."""
+    w_new, theta = outputs
+    return state._replace(
+        global_params=aggregate.server_step(state.global_params, who.mean(w_new), hp.beta),
+        client_personal=who.scatter(state.client_personal, theta),
+    ), {}
+
+
+def step(hp: PFedMeHyper, client_map, state: PFedMeState, data: ClientData, part: Participants):
+    """Every trainee trains and receives w (bytes_down); the sampled ones (weight > 0)
+    reach w. The train loss is their weighted mean (here, as the trainees may be all C)."""
+    who = trainees(part, hp.train_all)
+    outputs, losses = map_clients(functools.partial(client_update, hp), client_map, state, data, who)
+    new_state, metrics = server_update(hp, state, outputs, who)
+    metrics["train_loss"] = jnp.sum(aggregate.normalized_weights(who.weights) * losses)
+    metrics["bytes_down"] = jnp.float32(who.k * hp.model_bytes)
+    return new_state, None, metrics
+
+
+def init(model: Model, key, params_template=None, num_clients: int = 1) -> PFedMeState:
+    params = model.initial(key, params_template)
+    return PFedMeState(params, broadcast(params, num_clients), jnp.zeros([], jnp.int32))
+
+
+def evaluate(model: Model, client_map, loss, state: PFedMeState, data: ClientData, key):
+    """Each client's personalized model theta_i on its test rows."""
+    return evaluate_clients(
+        model.apply, lambda c: take(state.client_personal, c), data.test, client_map, loss
+    )
 
 
 def build(
@@ -144,48 +191,19 @@ def build(
         )
     if inner_steps < 1:
         raise ValueError(f"inner_steps must be >= 1, got {inner_steps}")
-    if weighting not in fedavg.WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {fedavg.WEIGHTINGS}, got {weighting!r}")
+    check_weighting(weighting)
     local = local.validate()
     cmap = as_client_map(client_map)
     train = make_moreau_train(model.apply, local, lam, inner_steps, personal_lr, personal_l2)
-    model_bytes = P.tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
-
-    def init(key, params_template=None, num_clients: int = 1) -> PFedMeState:
-        params = model.init(key) if params_template is None else params_template
-        return PFedMeState(params, broadcast(params, num_clients), jnp.zeros([], jnp.int32))
-
-    def round_fn(state: PFedMeState, data: ClientData, key):
-        num = data.train.count.shape[0]
-        k = check_clients_per_round(clients_per_round, num)
-        sample_key, train_key = round_keys(key, state.round)
-        idx = sample_clients(sample_key, num, k)
-        trained = jnp.arange(num) if train_all else idx
-
-        def client_update(cid):
-            return train(state.global_params, take(data.train, cid), client_key(train_key, cid))
-
-        w_new, theta, losses = cmap(client_update, trained)
-        counts = data.train.count[trained]
-        mask = participation_mask(idx, num) if train_all else None
-        weights = fedavg.client_weights(weighting, counts)
-        target = aggregate.weighted_mean(w_new, weights, mask)
-        new_state = PFedMeState(
-            aggregate.server_step(state.global_params, target, beta),
-            scatter(state.client_personal, trained, theta),
-            state.round + 1,
-        )
-        metrics = {
-            "train_loss": jnp.sum(aggregate.normalized_weights(weights, mask) * losses),
-            "bytes_up": jnp.float32(k * model_bytes),
-            "bytes_down": jnp.float32(trained.shape[0] * model_bytes),
-            "participants": jnp.int32(k),
-        }
-        return new_state, metrics
-
-    def evaluate(state: PFedMeState, data: ClientData):
-        return evaluate_clients(
-            model.apply, lambda c: take(state.client_personal, c), data.test, cmap, local.loss
-        )
-
-    return Algorithm(init, round_fn, evaluate)
+    model_bytes = P.tree_bytes(model.template())
+    hp = PFedMeHyper(train, beta, train_all, model_bytes)
+    return Algorithm(
+        functools.partial(init, model),
+        federated_round(
+            functools.partial(step, hp, cmap),
+            clients_per_round=clients_per_round,
+            weighting=weighting,
+            bytes_up=model_bytes,
+        ),
+        functools.partial(evaluate, model, cmap, local.loss),
+    )

@@ -10,8 +10,10 @@ W = W1 o W2 (model kwarg `form="fedpara"`, the issue's wording) is an option.
 Paper vs code: the paper names only the two pairs; biases are global here
 (`local_bias=True` keeps them personal, as the Flower reimplementation in
 effect does). The rank is a model option: `rank_ratio` (default 0.5, the
-Flower pFedPara MNIST config) or a fixed `rank`, passed through the model kwargs
-of `prepare_model`.
+Flower pFedPara MNIST config) or a fixed `rank`, passed through the model kwargs.
+
+Models: `MODEL_VARIANTS` maps "mlp" / "cnn" to their low-rank versions
+"lowrank_mlp" / "lowrank_cnn" (pfljax.models registry).
 """
 
 from __future__ import annotations
@@ -22,21 +24,17 @@ from pfljax.algorithms import fedavg
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap
 from pfljax.core.local import LocalTraining
+from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
-from pfljax.models.base import Model, from_flax
-from pfljax.models.lowrank import LowRankCNN, LowRankMLP
+from pfljax.models.base import Model
 
-LOWRANK_MODELS = {"mlp": LowRankMLP, "cnn": LowRankCNN}
+MODEL_VARIANTS = {
+    "mlp": "lowrank_mlp",
+    "cnn": "lowrank_cnn",
+    "lowrank_mlp": "lowrank_mlp",
+    "lowrank_cnn": "lowrank_cnn",
+}
 PERSONAL_FACTORS = r"/[xyt]2$"
-
-
-def prepare_model(name: str, input_shape: tuple, num_outputs: int, **model_kwargs) -> Model:
-    """The low-rank Hadamard variant of "mlp" or "cnn" (kwargs: the model's plus
-    rank_ratio, rank, form)."""
-    if name not in LOWRANK_MODELS:
-        raise ValueError(f"pfedpara model must be one of {sorted(LOWRANK_MODELS)}, got {name!r}")
-    module = LOWRANK_MODELS[name](num_outputs=num_outputs, **model_kwargs)
-    return from_flax(module, tuple(input_shape), num_outputs)
 
 
 def build(
@@ -48,18 +46,19 @@ def build(
     local_bias: bool = False,
     server_lr: float = 1.0,
     weighting: str = "samples",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """pFedPara: FedAvg on the first low-rank pair (and biases), the second pair personal.
 
     Args:
-      model: a low-rank Hadamard model (`prepare_model`); ValueError otherwise.
+      model: a low-rank Hadamard model ("lowrank_mlp", "lowrank_cnn"); ValueError otherwise.
       local_bias: keep biases personal too.
       Others: as fedavg.build.
     """
-    template = jax.eval_shape(model.init, jax.random.key(0))
+    template = model.template()
     if not any(jax.tree.leaves(P.match_paths(template, [PERSONAL_FACTORS]))):
         raise ValueError(
-            "pfedpara needs a low-rank Hadamard model (leaves x2/y2); build it with pfedpara.prepare_model"
+            "pfedpara needs a low-rank Hadamard model (leaves x2/y2): model 'lowrank_mlp' or 'lowrank_cnn'"
         )
     local_leaves = (PERSONAL_FACTORS,) + ((r"/bias$",) if local_bias else ())
     return fedavg.build(
@@ -69,5 +68,6 @@ def build(
         client_map=client_map,
         server_lr=server_lr,
         weighting=weighting,
+        privacy=privacy,
         local_leaves=local_leaves,
     )

@@ -19,10 +19,15 @@ cotangent `-delta`, then an optax step. `generate` may close over anything
 (e.g. the stacked client models pFedLA mixes); only its argument is
 differentiated. For K clients at once, let `generate` map [K] hypernetworks (or
 one shared one) to [K] targets: one VJP gives every client's gradient.
+
+The round (`generated_step`): a `pfljax.core.round.federated_round` step whose
+server generates every participant's start (one forward pass and one pullback for
+all K), maps the clients' local training over them, then applies the gradients.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -30,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from pfljax.core.round import map_clients
 
 PyTree = Any
 INITS = ("torch", "lecun_normal", "uniform01", "zeros")
@@ -114,6 +121,17 @@ def mlp_hypernet(
     """
     heads = {str(k): (int(v),) if np.ndim(v) == 0 else tuple(int(s) for s in v) for k, v in heads.items()}
     hidden = tuple(int(h) for h in hidden)
+    _check_mlp(heads, hidden, num_embeddings, embedding_dim, trunk_init, head_init)
+    widths = (embedding_dim,) + hidden
+    layers = [(("trunk", f"layer_{i}"), widths[i], widths[i + 1], trunk_init) for i in range(len(hidden))]
+    layers += [(("heads", name), hidden[-1], int(np.prod(shape)), head_init) for name, shape in heads.items()]
+    init = functools.partial(_init_mlp, layers, num_embeddings, embedding_dim, embedding_scale)
+    apply = functools.partial(_apply_mlp, len(hidden), relu_last, heads)
+    return HyperNet(jax.jit(init), apply, heads)  # jit: init run eagerly is many small ops
+
+
+def _check_mlp(heads, hidden, num_embeddings, embedding_dim, trunk_init, head_init) -> None:
+    """ValueError on `mlp_hypernet` arguments out of range."""
     if not heads:
         raise ValueError("heads must name at least one output")
     if not hidden or min(hidden) < 1:
@@ -125,49 +143,41 @@ def mlp_hypernet(
     for how in (trunk_init, head_init):
         if how not in INITS:
             raise ValueError(f"trunk_init/head_init must be one of {INITS}, got {how!r}")
-    widths = (embedding_dim,) + hidden
 
-    layers = [(("trunk", f"layer_{i}"), widths[i], widths[i + 1], trunk_init) for i in range(len(hidden))]
-    layers += [(("heads", name), hidden[-1], int(np.prod(shape)), head_init) for name, shape in heads.items()]
+
+def _init_mlp(layers, num_embeddings: int, embedding_dim: int, embedding_scale: float, key) -> dict:
+    """Params of an MLP hypernetwork whose dense layers are `layers`, a list of
+    ((kind, name), fan_in, fan_out, init), kind "trunk" or "heads"."""
+    # One uniform (and one normal) draw for all layers: few random ops compile fast.
     sizes = [(fan_in + 1) * fan_out for _, fan_in, fan_out, _ in layers]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    needs_normal = "lecun_normal" in (trunk_init, head_init)
+    needs_normal = any(how == "lecun_normal" for *_, how in layers)
+    k_emb, k_u, k_z = jax.random.split(key, 3)
+    u = jax.random.uniform(k_u, (offsets[-1],))
+    z = jax.random.truncated_normal(k_z, -2.0, 2.0, (offsets[-1],)) if needs_normal else None
+    params = {
+        "embedding": embedding_scale * jax.random.normal(k_emb, (num_embeddings, embedding_dim), jnp.float32),
+        "trunk": {},
+        "heads": {},
+    }
+    for i, ((kind, name), fan_in, fan_out, how) in enumerate(layers):
+        part = slice(offsets[i], offsets[i + 1])
+        params[kind][name] = _dense_from(u[part], None if z is None else z[part], fan_in, fan_out, how)
+    return params
 
-    def init(key: jax.Array) -> dict:
-        # One uniform (and one normal) draw for all layers: few random ops compile fast.
-        k_emb, k_u, k_z = jax.random.split(key, 3)
-        u = jax.random.uniform(k_u, (offsets[-1],))
-        z = jax.random.truncated_normal(k_z, -2.0, 2.0, (offsets[-1],)) if needs_normal else None
-        dense = {
-            name: _dense_from(
-                u[offsets[i] : offsets[i + 1]],
-                None if z is None else z[offsets[i] : offsets[i + 1]],
-                fan_in,
-                fan_out,
-                how,
-            )
-            for i, (name, fan_in, fan_out, how) in enumerate(layers)
-        }
-        return {
-            "embedding": embedding_scale
-            * jax.random.normal(k_emb, (num_embeddings, embedding_dim), jnp.float32),
-            "trunk": {f"layer_{i}": dense["trunk", f"layer_{i}"] for i in range(len(hidden))},
-            "heads": {name: dense["heads", name] for name in heads},
-        }
 
-    def apply(params: dict, index: jax.Array = 0) -> dict[str, jax.Array]:
-        h = params["embedding"][index]
-        for i in range(len(hidden)):
-            layer = params["trunk"][f"layer_{i}"]
-            h = h @ layer["kernel"] + layer["bias"]
-            if relu_last or i < len(hidden) - 1:
-                h = jax.nn.relu(h)
-        return {
-            name: (h @ params["heads"][name]["kernel"] + params["heads"][name]["bias"]).reshape(shape)
-            for name, shape in heads.items()
-        }
-
-    return HyperNet(jax.jit(init), apply, heads)  # jit: init run eagerly is many small ops
+def _apply_mlp(num_hidden: int, relu_last: bool, heads: dict, params: dict, index: jax.Array = 0) -> dict:
+    """{head name: output} of an MLP hypernetwork for embedding row `index`."""
+    h = params["embedding"][index]
+    for i in range(num_hidden):
+        layer = params["trunk"][f"layer_{i}"]
+        h = h @ layer["kernel"] + layer["bias"]
+        if relu_last or i < num_hidden - 1:
+            h = jax.nn.relu(h)
+    return {
+        name: (h @ params["heads"][name]["kernel"] + params["heads"][name]["bias"]).reshape(shape)
+        for name, shape in heads.items()
+    }
 
 
 def init_stacked(hypernet: HyperNet, key: jax.Array, num: int) -> dict:
@@ -222,3 +232,27 @@ def vjp_step(
     """`vjp_grad` then one optax step (for one hypernetwork; map it over clients
     for stacked ones, or average `vjp_grad` over clients for a shared one)."""
     return apply_grads(optimizer, hn_params, opt_state, vjp_grad(generate, hn_params, delta))
+
+
+def generated_step(
+    generate: Callable, client_update: Callable, server_update: Callable, client_map: Callable
+) -> Callable:
+    """A `federated_round` step for a server that generates each participant's start.
+
+    Args:
+      generate: `(state, part) -> (starts [K, ...], grad_of)`: the participants'
+        starts and the pullback of their generation (`vjp_generate`, one VJP for
+        all K).
+      client_update: `(state, cid, start, data, key) -> (output, loss)` for ONE
+        client, `start` its own row of `starts`.
+      server_update: `(state, outputs [K], part, grad_of) -> (state, metrics)`.
+      client_map: how the per-client function is mapped (ClientMap or a callable).
+    """
+
+    def step(state, data, part):
+        starts, grad_of = generate(state, part)
+        outputs, losses = map_clients(client_update, client_map, state, data, part, starts)
+        new_state, metrics = server_update(state, outputs, part, grad_of)
+        return new_state, losses, metrics
+
+    return step

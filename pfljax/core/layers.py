@@ -1,24 +1,40 @@
-"""A model's layers in forward order, and regexes selecting them (for "which layers stay local").
+"""A model's layers: in forward order with regexes selecting them (for "which layers
+stay local"), and as groups of the leaves of a params tree (for per-layer weights).
 
-Flattening a variables dict sorts its keys ("bn_0" < "conv_0" < "head"), so the
-forward order is read from the flax module itself: `init` creates submodules in
-call order. A layer is one top-level entry of the "params" collection; an entry
-whose leaves are all 1-D (a normalization layer: scale and bias) belongs to the
-layer before it, so "conv_0 + bn_0" count as one layer. FedPer (last layers
-local), LG-FedAvg (first layers local) and FedRep (head = last layers) use this.
+Two granularities of "layer", one module:
+
+- `layer_groups(model)`: forward-order layers of a flax-backed model, each a tuple
+  of top-level "params" entries (a layer with its normalization layer). FedPer
+  (last layers local), LG-FedAvg (first layers local) and FedRep (head = last
+  layers) select them with `first_layers` / `last_layers`.
+- `leaf_groups(params, by)`: the group id of every leaf of a params tree, by module
+  (the leaf's parent path: a kernel with its bias, a norm's scale with its offset;
+  a norm layer is its own group) or by tensor, in tree-flatten order. pFedLA learns
+  one aggregation weight per such group.
+
+Flattening a variables dict sorts its keys ("bn_0" < "conv_0" < "head"), so
+`layer_groups` reads the forward order from the flax module itself: `init` creates
+submodules in call order. There a layer is one top-level entry of the "params"
+collection; an entry whose leaves are all 1-D (a normalization layer: scale and
+bias) belongs to the layer before it, so "conv_0 + bn_0" count as one layer.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
+from pfljax.core.params import leaf_paths
+
 if TYPE_CHECKING:  # core does not import models at run time
     from pfljax.models.base import Model
+
+PyTree = Any
+LEAF_GROUPINGS = ("module", "tensor")
 
 
 def param_order(model: Model) -> tuple[str, ...]:
@@ -42,7 +58,7 @@ def layer_groups(model: Model) -> tuple[tuple[str, ...], ...]:
     Example: the "cnn_bn" model gives (("conv_0", "bn_0"), ("conv_1", "bn_1"),
     ("dense_0",), ("head",)).
     """
-    shapes = jax.eval_shape(model.init, jax.random.key(0))["params"]
+    shapes = model.template()["params"]
     groups: list[list[str]] = []
     for name in param_order(model):
         is_norm = all(len(leaf.shape) <= 1 for leaf in jax.tree.leaves(shapes[name]))
@@ -79,3 +95,23 @@ def _check_count(model: Model, n: int, argument: str):
             f"{[g[0] for g in groups]}, got {n}"
         )
     return groups
+
+
+def leaf_groups(params: PyTree, by: str = "module") -> tuple[PyTree, tuple[str, ...]]:
+    """Group of every leaf of one client's "params" tree.
+
+    Args:
+      params: a params tree (no client axis), e.g. {"conv_0": {"kernel", "bias"}}.
+      by: "module" (the leaves of one module together) or "tensor" (one per leaf).
+
+    Returns:
+      (groups, names): a pytree like params with an int group id per leaf, and
+      the L group names (module paths or leaf paths) in tree-flatten order.
+    """
+    if by not in LEAF_GROUPINGS:
+        raise ValueError(f"grouping must be one of {LEAF_GROUPINGS}, got {by!r}")
+    paths = leaf_paths(params)
+    keys = [p.rsplit("/", 1)[0] if by == "module" and "/" in p else p for p in paths]
+    names = tuple(dict.fromkeys(keys))
+    ids = [names.index(k) for k in keys]
+    return jax.tree.unflatten(jax.tree.structure(params), ids), names

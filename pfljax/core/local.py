@@ -1,4 +1,4 @@
-"""Local training of ONE client: a lax.scan over optimizer steps.
+"""Local training of ONE client (a lax.scan over optimizer steps) and THE batch schedule.
 
 Minibatches are sampled inside jit from the client's own rows: every epoch is a
 fresh random permutation of its `count` real rows (padding never sampled), cut
@@ -9,6 +9,11 @@ weight 0). Two schedules:
 - `epochs=E`: client c takes E * ceil(count_c / B) steps; the scan runs the
   static maximum E * ceil(n_max / B) and later steps are no-ops (skipped, not
   zero-gradient steps, so momentum and weight decay do not move either).
+
+`schedule_position` says where step s falls (epoch, batch, active) and is the one
+definition of the schedule: `make_local_train` follows it with the epoch order
+carried in its scan; `step_batch` gives step s's rows without a carry, for local
+loops that are not `make_local_train` (Per-FedAvg, pFedMe, FedeRiCo's M-steps).
 """
 
 from __future__ import annotations
@@ -97,6 +102,31 @@ def batch_rows(order: jax.Array, j: jax.Array, count: jax.Array, batch_size: int
     return order[pos], weights
 
 
+def batches_per_epoch(count: jax.Array, batch_size: int) -> jax.Array:
+    """ceil(count / B), at least 1 (int32 scalar)."""
+    return jnp.maximum((count + batch_size - 1) // batch_size, 1)
+
+
+def schedule_position(spec: LocalTraining, s: jax.Array, count: jax.Array):
+    """(epoch, batch within the epoch, active) of local step s of a client with
+    `count` rows. Inactive steps (an empty client, or past E epochs) are no-ops."""
+    per_epoch = batches_per_epoch(count, spec.batch_size)
+    epoch = s // per_epoch
+    active = count > 0
+    if spec.epochs is not None:
+        active &= epoch < spec.epochs
+    return epoch, s % per_epoch, active
+
+
+def step_batch(spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Array, n_max: int):
+    """Rows [B], weights [B] and activity of local step s (0, 1, 2, ... across epochs)
+    of one client, as `make_local_train` would draw them with the same key."""
+    epoch, j, active = schedule_position(spec, s, count)
+    order = epoch_order(key, epoch, count, n_max, spec.batch_size)
+    rows, weights = batch_rows(order, j, count, spec.batch_size)
+    return rows, weights, active
+
+
 def num_scan_steps(spec: LocalTraining, n_max: int) -> int:
     """Static length of the local scan for clients padded to n_max rows."""
     spec = spec.validate()
@@ -144,7 +174,6 @@ def make_local_train(
     def train(variables, data: ClientArrays, key, anchor=None, opt_state=None) -> LocalResult:
         n_max = data.x.shape[0]
         steps = num_scan_steps(spec, n_max)
-        per_epoch = jnp.maximum((data.count + batch_size - 1) // batch_size, 1)
         params = variables["params"]
         rest = {k: v for k, v in variables.items() if k != "params"}
         anchor_params = params if anchor is None else anchor["params"]
@@ -153,7 +182,7 @@ def make_local_train(
 
         def step(carry, s):
             params, rest, opt_state, order = carry
-            epoch, j = s // per_epoch, s % per_epoch
+            epoch, j, active = schedule_position(spec, s, data.count)
             # A new epoch order only at epoch starts (a real branch under lax.map).
             order = jax.lax.cond(
                 (j == 0) & (s > 0),
@@ -165,9 +194,6 @@ def make_local_train(
             grads, (loss, updates) = grad_fn(params, rest, anchor_params, xb, yb, weights)
             upd, new_opt = optimizer.update(grads, opt_state, params)
             new = (optax.apply_updates(params, upd), {**rest, **updates}, new_opt)
-            active = data.count > 0
-            if spec.epochs is not None:
-                active &= epoch < spec.epochs
             kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, (params, rest, opt_state))
             return (*kept, order), (loss * active, active)
 

@@ -7,6 +7,8 @@ import sys
 
 from absl import flags
 
+from pfljax import algorithms
+
 EXIT_BAD_INPUT = 2
 
 
@@ -26,6 +28,11 @@ def parse_flags(argv: list[str]) -> list[str]:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except (AttributeError, KeyError) as e:  # ml_collections: override of an unknown field
         overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+        for flag in overrides:
+            parts = flag[len("--config.") :].split(".")
+            new = algorithms.renamed_option(parts[0], parts[1]) if len(parts) == 2 else None
+            if new:
+                fail(f"{flag} was renamed: use --config.{parts[0]}.{new}")
         fail(f"unknown config field {e} (overrides given: {', '.join(overrides)})")
     except Exception as e:  # noqa: BLE001  config file errors (missing file, exception in get_config)
         fail(f"{type(e).__name__}: {e}")

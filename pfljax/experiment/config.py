@@ -24,13 +24,14 @@ import optax
 from pfljax import algorithms
 from pfljax.core.clients import STRATEGIES, ClientMap
 from pfljax.core.local import LocalTraining
+from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
 from pfljax.data import FederatedData, build_federated_data
 from pfljax.models import MODELS, Model, build_model
 
 IDX_DIR = "/usr/share/datasets/fashion-mnist"
 # Arguments every build takes, set from the common fields instead.
-COMMON_BUILD_ARGS = ("model", "local", "clients_per_round", "client_map")
+COMMON_BUILD_ARGS = ("model", "local", "clients_per_round", "client_map", "privacy")
 SIMPLE_TYPES = (bool, int, float, str)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LOSS_NAMES = ("auto", "cross_entropy", "mse")
@@ -53,17 +54,25 @@ class ConfigError(ValueError):
 
 
 def algorithm_options(name: str) -> ml_collections.ConfigDict:
-    """The keyword-only, simply typed arguments of `<name>.build` with their defaults."""
+    """The keyword-only arguments of `<name>.build` with their defaults: every one
+    is a config field `config.<name>.<option>`. An option whose default is not a
+    simple value (bool, int, float, str, or a tuple of them) cannot be one: it is
+    refused here (ValueError naming it), so none is silently missing."""
     params = inspect.signature(algorithms.get(name).build).parameters
     options = {}
     for arg in params.values():
         if arg.name in COMMON_BUILD_ARGS or arg.kind is not inspect.Parameter.KEYWORD_ONLY:
             continue
         default = arg.default
-        if isinstance(default, SIMPLE_TYPES) or (
-            isinstance(default, tuple) and all(isinstance(v, SIMPLE_TYPES) for v in default)
+        if not (
+            isinstance(default, SIMPLE_TYPES)
+            or (isinstance(default, tuple) and all(isinstance(v, SIMPLE_TYPES) for v in default))
         ):
-            options[arg.name] = default
+            raise ValueError(
+                f"{name}.build option {arg.name!r} has default {default!r}: config fields need a "
+                f"bool, int, float, str or a tuple of them"
+            )
+        options[arg.name] = default
     return ml_collections.ConfigDict(options)
 
 
@@ -139,6 +148,13 @@ def base_config() -> ml_collections.ConfigDict:
     config.replicate_data = False  # with several devices: ClientData on every device, not sharded
     config.eval_every = 1
     config.checkpoint_every = 5  # 0: only at the end
+    # Client-level differential privacy (pfljax.core.privacy, DP-FedAvg): each upload
+    # clipped to clip_norm, Gaussian noise noise_multiplier * clip_norm on the sum;
+    # delta 0: 1 / num_clients^1.1; target_epsilon 0: no budget (else the run stops
+    # before a round that would exceed it).
+    config.dp = ml_collections.ConfigDict(
+        {"enabled": False, "noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 0.0, "target_epsilon": 0.0}
+    )
     # Each algorithm's own options.
     for name in algorithms.available():
         config[name] = algorithm_options(name)
@@ -223,9 +239,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "num_devices",
         f"must be in [0, {devices}] (0: all visible devices), got {config.num_devices}",
     )
-    module = algorithms.get(config.algorithm)
-    if not hasattr(module, "prepare_model"):
-        _check(config.model in MODELS, "model", f"must be one of {sorted(MODELS)}, got {config.model!r}")
+    _check(config.model in MODELS, "model", f"must be one of {sorted(MODELS)}, got {config.model!r}")
+    try:
+        algorithms.model_variant(config.algorithm, config.model)
+    except ValueError as e:
+        raise ConfigError(f"config.model: {e}") from e
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
@@ -280,12 +298,12 @@ def make_data(config) -> FederatedData:
 
 
 def make_model(config, fed_data: FederatedData) -> Model:
-    """The module's `prepare_model` if it has one, else pfljax.models.build_model."""
-    module = algorithms.get(config.algorithm)
+    """The model the algorithm trains for `config.model` (its MODEL_VARIANTS, e.g.
+    FedBN: "cnn" -> "cnn_bn"), built with `config.model_kwargs`."""
+    name = algorithms.model_variant(config.algorithm, config.model)
     kwargs = _tuples(to_plain(config.model_kwargs))
-    build = getattr(module, "prepare_model", build_model)
     try:
-        return build(config.model, tuple(fed_data.input_shape), fed_data.num_classes, **kwargs)
+        return build_model(name, tuple(fed_data.input_shape), fed_data.num_classes, **kwargs)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"config.model / config.model_kwargs: {_one_line(e)}") from e
 
@@ -300,10 +318,41 @@ def make_client_map(config, mesh=None):
     return ShardedMap(mesh, inner)
 
 
+def dp_delta(config) -> float:
+    """config.dp.delta, or 1 / num_clients^1.1 when it is 0."""
+    return config.dp.delta or 1.0 / config.num_clients**1.1
+
+
+def make_privacy(config) -> ClientDP | None:
+    """ClientDP from config.dp (None unless enabled); ConfigError for bad values or an
+    algorithm whose server does not average client uploads."""
+    dp = config.dp
+    if not dp.enabled:
+        return None
+    _check(dp.noise_multiplier >= 0, "dp.noise_multiplier", f"must be >= 0, got {dp.noise_multiplier}")
+    _check(dp.clip_norm > 0, "dp.clip_norm", f"must be > 0 (inf: no clipping), got {dp.clip_norm}")
+    _check(0 <= dp.delta < 1, "dp.delta", f"must be in [0, 1) (0: 1/num_clients^1.1), got {dp.delta}")
+    _check(dp.target_epsilon >= 0, "dp.target_epsilon", f"must be >= 0 (0: none), got {dp.target_epsilon}")
+    if "privacy" not in inspect.signature(algorithms.get(config.algorithm).build).parameters:
+        supported = [
+            n
+            for n in algorithms.available()
+            if "privacy" in inspect.signature(algorithms.get(n).build).parameters
+        ]
+        raise ConfigError(
+            f"config.dp.enabled: {config.algorithm} does not support client-level DP (its server mixes or "
+            f"inspects per-client models, not an average of uploads); supported: {supported}"
+        )
+    return ClientDP(float(dp.noise_multiplier), float(dp.clip_norm))
+
+
 def make_algorithm(config, model: Model, client_map, task: str = "classification") -> Algorithm:
     """`pfljax.algorithms.<algorithm>.build(model, local, ..., **config.<algorithm>)`."""
     name = config.algorithm
     options = _tuples(to_plain(config[name])) if name in config else {}
+    privacy = make_privacy(config)
+    if privacy is not None:
+        options["privacy"] = privacy
     try:
         return algorithms.get(name).build(
             model,
@@ -320,14 +369,12 @@ class Prepared(NamedTuple):
     """Everything a run needs, built and validated before training.
 
     Attributes:
-      module: the algorithm module (for its optional hooks).
       fed_data: the federated data.
       model: the client model.
       algorithm: the algorithm (per-client work spread over `mesh`).
       mesh: the 'clients' device mesh (pfljax.sharding).
     """
 
-    module: Any
     fed_data: FederatedData
     model: Model
     algorithm: Algorithm
@@ -351,7 +398,7 @@ def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
     algorithm = make_algorithm(
         config, model, make_client_map(config, mesh if mesh.size > 1 else None), fed_data.task
     )
-    return Prepared(algorithms.get(config.algorithm), fed_data, model, algorithm, mesh)
+    return Prepared(fed_data, model, algorithm, mesh)
 
 
 def _one_line(e: BaseException) -> str:

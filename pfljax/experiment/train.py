@@ -28,6 +28,12 @@ from pfljax.experiment.outputs import JsonlLog, TensorBoard, jsonable, read_json
 from pfljax.sharding import shard_algorithm, state_shardings
 
 BASE_KEYS = ("accuracy", "loss", "count")
+EVAL_STREAM = 0xE7A1  # evaluation keys: fold_in(fold_in(run_key, EVAL_STREAM), round)
+
+
+def eval_key(base: jax.Array, round_index: int) -> jax.Array:
+    """The key of the evaluation after round `round_index` (the same on resume)."""
+    return jax.random.fold_in(base, round_index)
 
 
 def evaluation_row(per_client: dict) -> dict:
@@ -130,7 +136,8 @@ def _run(config, plain: dict, prep: Prepared, workdir: str, ckpts: Checkpoints, 
     replicated = NamedSharding(prep.mesh, PartitionSpec())
     shardings = (state_shardings(state, prep.mesh), replicated)
     round_fn = jax.jit(run.round, out_shardings=shardings, donate_argnums=0).lower(state, data, key).compile()
-    eval_fn = jax.jit(run.evaluate, out_shardings=replicated).lower(state, data).compile()
+    eval_base = run.place_key(jax.random.fold_in(run_key, EVAL_STREAM))
+    eval_fn = jax.jit(run.evaluate, out_shardings=replicated).lower(state, data, eval_base).compile()
     compile_seconds = time.perf_counter() - t0
 
     per_client = None
@@ -148,8 +155,9 @@ def _run(config, plain: dict, prep: Prepared, workdir: str, ckpts: Checkpoints, 
             traces_log.append({"round": r, **traces})
         if r % config.eval_every == 0 or r == config.rounds:
             t0 = time.perf_counter()
+            key_r = run.place_key(eval_key(eval_base, r))
             with jax.transfer_guard("disallow"):
-                per_client = eval_fn(state, data)
+                per_client = eval_fn(state, data, key_r)
             per_client = jax.device_get(per_client)
             row = {"round": r, **scalars, **evaluation_row(per_client), "seconds": seconds}
             row["eval_seconds"] = time.perf_counter() - t0
@@ -172,16 +180,18 @@ def _run(config, plain: dict, prep: Prepared, workdir: str, ckpts: Checkpoints, 
         tb.close()
 
     final_state = _host(run.unplace_state(state))
+    final_key = run.place_key(eval_key(eval_base, config.rounds))
     if per_client is None:  # resumed at the last round: evaluate the restored state
-        per_client = jax.device_get(eval_fn(state, data))
-    summary = _summary(config, prep, host, per_client, final_state, compile_seconds, t_start)
+        per_client = jax.device_get(eval_fn(state, data, final_key))
+    summary = _summary(config, prep, host, per_client, compile_seconds, t_start)
+    summary.update(_optional_reports(prep, final_state, per_client, jax.device_get(final_key)))
     if primary:
         _plots(workdir, rows, summary, config)
         write_json(os.path.join(workdir, "summary.json"), summary)
     return jsonable(summary)
 
 
-def _summary(config, prep, host, per_client, state, compile_seconds, t_start) -> dict[str, Any]:
+def _summary(config, prep, host, per_client, compile_seconds, t_start) -> dict[str, Any]:
     final = evaluation_row(per_client)
     seconds = host["round_seconds"]
     summary = {
@@ -203,11 +213,18 @@ def _summary(config, prep, host, per_client, state, compile_seconds, t_start) ->
         "devices": int(prep.mesh.size),
         "backend": jax.default_backend(),
     }
-    if hasattr(prep.module, "collaboration_matrix"):
-        summary["collaboration_matrix"] = np.asarray(prep.module.collaboration_matrix(state))
-    if hasattr(prep.module, "final_report"):
-        summary.update(prep.module.final_report(state, prep.fed_data))
     return summary
+
+
+def _optional_reports(prep, state, per_client: dict, key) -> dict:
+    """The algorithm's optional pieces: collaboration matrix and final report."""
+    out = {}
+    alg = prep.algorithm
+    if alg.collaboration_matrix is not None:
+        out["collaboration_matrix"] = np.asarray(alg.collaboration_matrix(state))
+    if alg.final_report is not None:
+        out.update(alg.final_report(state, prep.fed_data, per_client, key))
+    return out
 
 
 def _plots(workdir: str, rows: list, summary: dict, config) -> None:

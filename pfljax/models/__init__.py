@@ -9,6 +9,7 @@ from pfljax.models.base import Model, from_flax
 from pfljax.models.cnn import CNN
 from pfljax.models.conv import Conv, conv2d, max_pool
 from pfljax.models.factorized import FactorizedCNN, FactorizedMLP
+from pfljax.models.lowrank import LowRankCNN, LowRankMLP
 from pfljax.models.mlp import MLP
 from pfljax.models.mlp_bn import MLPBN
 from pfljax.models.resnet import ResNet9
@@ -23,13 +24,15 @@ MODELS: dict[str, Callable[..., Any]] = {
     "factorized_cnn": FactorizedCNN,
     "factorized_cnn_bn": lambda **kw: FactorizedCNN(batch_norm=True, **kw),
     "factorized_resnet9": lambda **kw: ResNet9(factorized=True, **kw),
+    "lowrank_mlp": LowRankMLP,
+    "lowrank_cnn": LowRankCNN,
 }
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int, **kwargs) -> Model:
-    """A Model by name (one of MODELS: MLP, CNN, their BatchNorm versions, ResNet-9
-    and the factorized versions; pFedPara's low-rank models come from
-    `pfedpara.prepare_model`); kwargs go to the flax module."""
+    """A Model by name (one of MODELS: MLP, CNN, their BatchNorm versions, ResNet-9,
+    the factorized versions (Factorized-FL) and the low-rank Hadamard ones
+    (pFedPara)); kwargs go to the flax module."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {sorted(MODELS)}, got {name!r}")
     module = MODELS[name](num_outputs=num_outputs, **kwargs)

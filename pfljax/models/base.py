@@ -30,6 +30,14 @@ class Model(NamedTuple):
     num_outputs: int
     module: nn.Module | None = None
 
+    def initial(self, key: jax.Array, params_template: Variables | None = None) -> Variables:
+        """The starting variables of an algorithm's `init`: `params_template` if given, else init(key)."""
+        return self.init(key) if params_template is None else params_template
+
+    def template(self) -> Variables:
+        """The variables' shapes and dtypes (jax.ShapeDtypeStruct leaves), without computing them."""
+        return jax.eval_shape(self.init, jax.random.key(0))
+
 
 def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_outputs: int) -> Model:
     """Wraps a linen module whose __call__ takes (x, train)."""

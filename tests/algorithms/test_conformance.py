@@ -1,13 +1,14 @@
 """Every algorithm in `pfljax.algorithms.available()` through the same checks.
 
 Discovered at collection time, so an algorithm added later is checked too.
-Tiny MLP (the module's `prepare_model` when it has one), 4 clients of which 2
+Tiny MLP (its `MODEL_VARIANTS` variant where it has one), 4 clients of which 2
 take part per round, 2 local steps:
 - init: `client_*` leaves have the client axis leading, a `round` counter;
 - rounds: finite state and metrics, `bytes_up` / `bytes_down` >= 0, round + 1;
 - the jitted "vmap" and "map" rounds equal the round run eagerly with
   `python_loop_map` (a plain per-client loop), rtol 1e-5;
-- evaluate gives finite [C] accuracy, loss and count;
+- evaluate gives finite [C] accuracy, loss and count, the same for the same key;
+- collaboration_matrix (rows sum to 1) and final_report, where present;
 - the jitted round traces once over 3 rounds;
 - the same seed gives the same state bit for bit.
 Compiled without XLA optimization passes (`fast_compile`).
@@ -26,7 +27,7 @@ from pfljax.core.clients import python_loop_map
 from pfljax.core.local import LocalTraining
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
-from tests.toydata import toy_data
+from tests.toydata import toy_data, toy_federated
 
 COUNTS = (9, 5, 12, 3)
 NUM, K = len(COUNTS), 2
@@ -35,10 +36,8 @@ ROUNDS = 3
 
 
 def make(name, client_map):
-    mod = algorithms.get(name)
-    prepare = getattr(mod, "prepare_model", None) or build_model
-    model = prepare("mlp", (6,), 3, hidden=(8,))
-    return mod.build(model, SPEC, clients_per_round=K, client_map=client_map)
+    model = build_model(algorithms.model_variant(name, "mlp"), (6,), 3, hidden=(8,))
+    return algorithms.get(name).build(model, SPEC, clients_per_round=K, client_map=client_map)
 
 
 def fields(state) -> dict:
@@ -100,7 +99,18 @@ def test_conformance(name):
     chex.assert_trees_all_close(map_state, states[2], rtol=1e-5, atol=1e-6)
     assert_finite(loop_metrics, "loop metrics")
 
-    scores = jax.jit(vmap_alg.evaluate)(states[-1], data)
+    eval_key = jax.random.key(7)
+    scores = jax.jit(vmap_alg.evaluate)(states[-1], data, eval_key)
     for key in ("accuracy", "loss", "count"):
         assert np.shape(scores[key]) == (NUM,), f"evaluate()[{key!r}] must have shape [C]"
     assert_finite(scores, "evaluate")
+    chex.assert_trees_all_equal(scores, jax.jit(vmap_alg.evaluate)(states[-1], data, eval_key))
+
+    # Optional pieces: typed fields of Algorithm, exercised where present.
+    if vmap_alg.collaboration_matrix is not None:
+        matrix = np.asarray(vmap_alg.collaboration_matrix(states[-1]))
+        assert matrix.shape == (NUM, NUM)
+        np.testing.assert_allclose(matrix.sum(axis=1), 1.0, rtol=1e-4)
+    if vmap_alg.final_report is not None:
+        report = vmap_alg.final_report(states[-1], toy_federated(data), jax.device_get(scores), eval_key)
+        assert isinstance(report, dict) and all(isinstance(k, str) for k in report)

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from pfljax import algorithms
 from pfljax.algorithms import factorized_fl as F
 from pfljax.core.clients import client_key, round_keys, take
 from pfljax.core.evaluate import evaluate_client
@@ -19,8 +20,14 @@ from pfljax.core.sampling import sample_clients
 from pfljax.models import build_model
 from tests.toydata import toy_data
 
+
+def factorized_model(name, input_shape, num_outputs, **kwargs):
+    """The model Factorized-FL trains when asked for `name` (its MODEL_VARIANTS)."""
+    return build_model(algorithms.model_variant("factorized_fl", name), input_shape, num_outputs, **kwargs)
+
+
 COUNTS = (12, 7, 20, 3, 9, 15)
-MODEL = F.prepare_model("mlp", (6,), 3, hidden=(8,))
+MODEL = factorized_model("mlp", (6,), 3, hidden=(8,))
 SPEC = LocalTraining(optax.sgd(0.1, momentum=0.5), batch_size=4, epochs=1, steps=None)
 LAYERS = ("hidden_0", "head")
 IDX_DIR = "/usr/share/datasets/fashion-mnist"
@@ -178,7 +185,7 @@ def test_round_equals_per_client_loop(opts, k, strategy):
     collab = np.asarray(F.collaboration_matrix(state))
     np.testing.assert_allclose(collab.sum(1), 1.0, rtol=1e-6)
     assert np.isfinite(metrics["train_loss"]) and 0 <= metrics["mu_density"] <= 1
-    acc = jax.jit(alg.evaluate)(state, data)
+    acc = jax.jit(alg.evaluate)(state, data, jax.random.key(0))
     for c in (0, 3):
         ref = evaluate_client(MODEL.apply, clients[c], take(data.test, c))
         np.testing.assert_allclose(acc["accuracy"][c], ref["accuracy"], rtol=1e-6)
@@ -242,17 +249,18 @@ def test_code_sparsity_prunes_mu_at_evaluation():
     chex.assert_trees_all_equal(pruned["params"]["head"], variables["params"]["head"])
 
 
-def test_prepare_model_and_layer_order():
-    assert F.layer_order(F.prepare_model("cnn", (12, 12, 1), 3, kernel_size=3)) == [
+def test_model_variants_and_layer_order():
+    assert F.layer_order(factorized_model("cnn", (12, 12, 1), 3, kernel_size=3)) == [
         "conv_0",
         "conv_1",
         "dense_0",
         "head",
     ]
-    resnet = F.prepare_model("resnet9", (12, 12, 1), 3, widths=(4, 6, 8))
+    resnet = factorized_model("resnet9", (12, 12, 1), 3, widths=(4, 6, 8))
     assert F.layer_order(resnet) == [f"conv_{i}" for i in range(8)] + ["head"]
     with pytest.raises(ValueError, match="model must be one of"):
-        F.prepare_model("vgg", (6,), 3)
+        factorized_model("vgg", (6,), 3)
+    assert F.MODEL_VARIANTS == {**F.FACTORIZED_MODELS, **{v: v for v in F.FACTORIZED_MODELS.values()}}
 
 
 @pytest.mark.parametrize(
@@ -289,7 +297,7 @@ def test_fashion_mnist_domains_collaborate_within_groups():
     fd = build_federated_data(
         "fashion_mnist", 8, partition="groups", num_groups=2, samples_per_client=200, seed=0
     )
-    model = F.prepare_model("mlp", fd.input_shape, fd.num_classes, hidden=(100,))
+    model = factorized_model("mlp", fd.input_shape, fd.num_classes, hidden=(100,))
     spec = LocalTraining(optax.sgd(0.05, momentum=0.9), batch_size=32, epochs=1, steps=None)
     alg = F.build(model, spec, tau=0.95, epsilon=20.0, min_keep=4)
     state = alg.init(jax.random.key(0), None, 8)
@@ -299,4 +307,4 @@ def test_fashion_mnist_domains_collaborate_within_groups():
     report = F.final_report(state, fd)
     print(report)
     assert report["collab_within_group"] > report["collab_across_group"], report
-    assert np.mean(jax.jit(alg.evaluate)(state, fd.data)["accuracy"]) > 0.5
+    assert np.mean(jax.jit(alg.evaluate)(state, fd.data, jax.random.key(0))["accuracy"]) > 0.5

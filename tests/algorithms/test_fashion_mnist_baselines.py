@@ -31,7 +31,9 @@ def test_fedavg_plus_beats_fedavg_and_all_beat_chance():
         rnd = jax.jit(alg.round)
         for _ in range(10):
             state, _ = rnd(state, fd.data, jax.random.key(1))
-        acc[name] = summarize(jax.device_get(jax.jit(alg.evaluate)(state, fd.data)))["mean_accuracy"]
+        acc[name] = summarize(jax.device_get(jax.jit(alg.evaluate)(state, fd.data, jax.random.key(3))))[
+            "mean_accuracy"
+        ]
     print(acc)
     assert acc["fedavg_ft"] > acc["fedavg"] + 0.05, acc
     assert min(acc.values()) > 0.5, acc

@@ -66,7 +66,7 @@ def test_map_and_vmap_and_chunks_agree():
         alg = fedavg.build(MODEL, SPEC, clients_per_round=4, client_map=cmap)
         state = alg.init(jax.random.key(0), None, len(COUNTS))
         state, _ = jax.jit(alg.round)(state, data, jax.random.key(3))
-        results.append((state, jax.jit(alg.evaluate)(state, data)))
+        results.append((state, jax.jit(alg.evaluate)(state, data, jax.random.key(9))))
     for other in results[1:]:
         chex.assert_trees_all_close(results[0], other, rtol=1e-5, atol=1e-6)
 
@@ -92,7 +92,9 @@ def test_padding_junk_rows_change_nothing():
         state = alg.init(jax.random.key(0), None, len(COUNTS))
         for _ in range(2):
             state, m = jax.jit(alg.round)(state, d, jax.random.key(1))
-        out.append((state.global_params, m["train_loss"], alg.evaluate(state, d)["accuracy"]))
+        out.append(
+            (state.global_params, m["train_loss"], alg.evaluate(state, d, jax.random.key(9))["accuracy"])
+        )
     chex.assert_trees_all_close(out[0], out[1], rtol=1e-6)
 
 

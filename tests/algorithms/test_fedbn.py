@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from pfljax import algorithms
 from pfljax.algorithms import fedbn
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes
@@ -15,7 +16,7 @@ from tests.algorithms.partial_oracle import check_against_state, initial, loop_r
 from tests.toydata import toy_data
 
 COUNTS = (12, 7, 20, 3, 9)
-MODEL = fedbn.prepare_model("mlp", (6,), 3, hidden=(8,))
+MODEL = build_model(algorithms.model_variant("fedbn", "mlp"), (6,), 3, hidden=(8,))
 SPEC = LocalTraining(optax.sgd(0.1, momentum=0.5), batch_size=4, steps=3, epochs=None)
 
 
@@ -45,8 +46,13 @@ def test_bn_statistics_untouched_by_aggregation():
     assert metrics["bytes_up"] == 3 * tree_bytes(shared)
 
 
-def test_prepare_model_and_bad_model():
-    cnn = fedbn.prepare_model("cnn", (12, 12, 1), 4, channels=(2, 3), dense=(5,), kernel_size=3)
+def test_model_variant_and_bad_model():
+    assert algorithms.model_variant("fedbn", "mlp") == "mlp_bn"
+    with pytest.raises(ValueError, match="model must be one of"):
+        algorithms.model_variant("fedbn", "factorized_mlp")
+    cnn = build_model(
+        algorithms.model_variant("fedbn", "cnn"), (12, 12, 1), 4, channels=(2, 3), dense=(5,), kernel_size=3
+    )
     assert fedbn.bn_leaves(cnn) == ("^batch_stats/", "^params/bn_0/", "^params/bn_1/")
     with pytest.raises(ValueError, match="BatchNorm"):
         fedbn.build(build_model("mlp", (6,), 3), SPEC)

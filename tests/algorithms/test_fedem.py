@@ -24,15 +24,15 @@ M = 2
 log_probs = jax.jit(lambda variables, x: jax.nn.log_softmax(MODEL.apply(variables, x)[0]))
 
 
-def test_em_posterior_closed_form():
+def test_em_iteration_closed_form():
     log_pi = jnp.log(jnp.array([0.8, 0.2]))
     losses = jnp.array([[1.0, 2.0, 5.0], [2.0, 1.0, 0.0]])
-    q, pi = fedem.em_posterior(log_pi, losses, jnp.array([1.0, 1.0, 0.0]))
+    q, pi = fedem.em_iteration(log_pi, losses, jnp.array([1.0, 1.0, 0.0]))
     q0 = np.array([1 / (1 + 0.25 * np.exp(-1.0)), 1 / (1 + 0.25 * np.exp(1.0)), 0.0])
     np.testing.assert_allclose(q[0], q0, rtol=1e-6)
     np.testing.assert_allclose(q[1], [1 - q0[0], 1 - q0[1], 0.0], rtol=1e-6)
     np.testing.assert_allclose(pi, [q0[:2].mean(), 1 - q0[:2].mean()], rtol=1e-6)
-    _, unchanged = fedem.em_posterior(log_pi, losses, jnp.zeros(3))
+    _, unchanged = fedem.em_iteration(log_pi, losses, jnp.zeros(3))
     np.testing.assert_allclose(unchanged, [0.8, 0.2], rtol=1e-6)
 
 
@@ -108,7 +108,7 @@ def test_round_equals_per_client_loop_and_vmap_traces_once():
             chex.assert_trees_all_close(state, states[r + 1], rtol=1e-5, atol=1e-6)
 
     # Prediction is the client's mixture sum_m pi_m softmax(h_m(x)).
-    scores = jax.jit(vmap_alg.evaluate)(state, data)
+    scores = jax.jit(vmap_alg.evaluate)(state, data, jax.random.key(0))
     for c in range(len(COUNTS)):
         rows = take(data.test, c)
         n = int(rows.count)

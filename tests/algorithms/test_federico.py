@@ -1,4 +1,4 @@
-"""FedeRiCo: posterior, neighbour sampling, M-step, the mapped round against a
+"""FedeRiCo: neighbour sampling, M-step, the mapped round against a
 per-client Python loop written here, and a small Fashion-MNIST run."""
 
 import os
@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from pfljax.algorithms import federico
+from pfljax.core import mixture
 from pfljax.core.clients import client_key, round_keys, take
 from pfljax.core.local import LocalTraining, batch_rows, epoch_order, make_local_train
 from pfljax.core.losses import masked_mean
@@ -28,32 +29,9 @@ IDX_DIR = "/usr/share/datasets/fashion-mnist"
 ALG = federico.build(MODEL, ADAM, neighbours=2, client_map="map")  # shared: one compiled round
 
 
-# ---------------------------------------------------------------- em_posterior
-def test_em_posterior_rows():
-    equal = federico.em_posterior(jnp.full((3, 5), 7.0))
-    chex.assert_trees_all_close(equal, jnp.full((3, 5), 0.2))
-    losses = jax.random.uniform(jax.random.key(0), (4, 6)) * 50.0
-    w = federico.em_posterior(losses)
-    chex.assert_trees_all_close(jnp.sum(w, axis=1), jnp.ones(4), rtol=1e-6)
-    np.testing.assert_array_equal(np.argmax(w, 1), np.argmin(losses, 1))
-    big = federico.em_posterior(jnp.array([[1e4, 1e4 + 1.0, 2e4], [1e4, 1e4, 1e4]]))
-    assert np.all(np.isfinite(big))
-    chex.assert_trees_all_close(big[0, :2], jnp.array([1.0, np.exp(-1.0)]) / (1.0 + np.exp(-1.0)), rtol=1e-6)
-    chex.assert_trees_all_close(big[1], jnp.full(3, 1 / 3))
-
-
-def test_em_posterior_unseen_models_get_no_weight():
-    losses = jnp.array([[3.0, 1.0, 0.0, 2.0], [5.0, 5.0, 5.0, 5.0]])
-    seen = jnp.array([[True, True, False, True], [False, False, False, False]])
-    w = federico.em_posterior(losses, seen)
-    assert w[0, 2] == 0.0
-    chex.assert_trees_all_close(w[0], federico.em_posterior(losses[0].at[2].set(jnp.inf)))
-    chex.assert_trees_all_close(w[1], jnp.full(4, 0.25))
-
-
 # ----------------------------------------------------------- sample_neighbours
 def test_greedy_neighbours_are_the_top_n():
-    post = federico.em_posterior(jax.random.normal(jax.random.key(1), (7, 7)) * 3)
+    post = mixture.posterior(jax.random.normal(jax.random.key(1), (7, 7)) * 3)
     nbrs = np.asarray(federico.sample_neighbours(jax.random.key(2), post, 3, 0.0))
     for i in range(7):
         others = [j for j in np.argsort(-np.asarray(post[i]), kind="stable") if j != i]
@@ -63,7 +41,7 @@ def test_greedy_neighbours_are_the_top_n():
 
 def test_exploring_neighbours_are_uniform_and_distinct():
     num, n, draws = 6, 2, 3000
-    post = federico.em_posterior(-10.0 * jnp.eye(num))  # greedy would only pick... nothing but self
+    post = mixture.posterior(-10.0 * jnp.eye(num))  # greedy would only pick... nothing but self
     keys = jax.random.split(jax.random.key(3), draws)
     nbrs = np.asarray(
         jax.vmap(lambda k: federico.sample_neighbours(k, post, n, 1.0))(keys)
@@ -80,7 +58,7 @@ def test_exploring_neighbours_are_uniform_and_distinct():
 
 
 def test_neighbours_of_a_client_do_not_depend_on_other_rows():
-    post = federico.em_posterior(jax.random.normal(jax.random.key(4), (C, C)))
+    post = mixture.posterior(jax.random.normal(jax.random.key(4), (C, C)))
     full = federico.sample_neighbours(jax.random.key(5), post, 2, 0.5)
     idx = jnp.array([4, 1])
     part = federico.sample_neighbours(jax.random.key(5), post[idx], 2, 0.5, idx)
@@ -243,7 +221,7 @@ def test_round_equals_per_client_loop(strategy, estep_data, accumulate, m_step):
         np.testing.assert_allclose(state.client_losses, losses, rtol=1e-5)
         np.testing.assert_allclose(state.client_posterior, post, rtol=1e-4, atol=1e-6)
     assert int(state.round) == 3
-    chex.assert_trees_all_close(jnp.sum(federico.collaboration_matrix(state), 1), jnp.ones(C), rtol=1e-5)
+    chex.assert_trees_all_close(jnp.sum(alg.collaboration_matrix(state), 1), jnp.ones(C), rtol=1e-5)
     assert metrics["posterior"].shape == (C, C)
     steps_bytes = 4 * 2 * ADAM.steps * tree_bytes(take(state.client_params, 0))
     assert metrics["bytes_down"] == steps_bytes and metrics["bytes_up"] == steps_bytes
@@ -254,9 +232,12 @@ def test_evaluate_map_and_vmap_agree():
     state = ALG.init(jax.random.key(0), None, C)
     state = state._replace(
         client_params=jax.vmap(MODEL.init)(jax.random.split(jax.random.key(1), C)),
-        client_posterior=federico.em_posterior(jax.random.normal(jax.random.key(2), (C, C))),
+        client_posterior=mixture.posterior(jax.random.normal(jax.random.key(2), (C, C))),
     )
-    evs = [jax.jit(federico.build(MODEL, ADAM, client_map=m).evaluate)(state, data) for m in ("map", "vmap")]
+    evs = [
+        jax.jit(federico.build(MODEL, ADAM, client_map=m).evaluate)(state, data, jax.random.key(0))
+        for m in ("map", "vmap")
+    ]
     chex.assert_trees_all_close(evs[0], evs[1], rtol=1e-5, atol=1e-6)
     assert set(evs[0]) >= {"accuracy", "loss", "count", "own_accuracy", "own_loss"}
     chex.assert_shape(evs[0]["accuracy"], (C,))
@@ -267,9 +248,8 @@ def test_padding_junk_rows_change_nothing():
     out = []
     for data in (toy_data(COUNTS), toy_data(COUNTS, junk=7.0)):
         state, m = _run(ALG, ALG.init(jax.random.key(0), None, C), data, rounds=2)
-        out.append(
-            (state.client_params, state.client_posterior, m["train_loss"], ALG.evaluate(state, data)["loss"])
-        )
+        loss = ALG.evaluate(state, data, jax.random.key(0))["loss"]
+        out.append((state.client_params, state.client_posterior, m["train_loss"], loss))
     chex.assert_trees_all_close(out[0], out[1], rtol=1e-5, atol=1e-6)
 
 
@@ -296,21 +276,13 @@ def test_group_mass_and_purity():
 
 
 # -------------------------------------------------------------------- evaluate
-def test_mixture_outputs_closed_form():
-    out = jnp.array([[[2.0, 0.0]], [[0.0, 1.0]]])  # 2 models, 1 row, 2 classes
-    w = jnp.array([0.25, 0.75])
-    probs = 0.25 * jax.nn.softmax(out[0]) + 0.75 * jax.nn.softmax(out[1])
-    chex.assert_trees_all_close(federico.mixture_outputs(out, w, "cross_entropy"), jnp.log(probs), rtol=1e-6)
-    chex.assert_trees_all_close(federico.mixture_outputs(out, w, "mse"), 0.25 * out[0] + 0.75 * out[1])
-
-
 def test_evaluate_one_hot_posterior_uses_that_model():
     data = toy_data(COUNTS)
     state = ALG.init(jax.random.key(0), None, C)
     params = jax.vmap(MODEL.init)(jax.random.split(jax.random.key(1), C))
     pick = jnp.array([3, 3, 0, 5, 1, 2])
     state = state._replace(client_params=params, client_posterior=jax.nn.one_hot(pick, C))
-    ev = jax.jit(ALG.evaluate)(state, data)
+    ev = jax.jit(ALG.evaluate)(state, data, jax.random.key(0))
     for c in range(C):
         out = MODEL.apply(take(params, int(pick[c])), data.test.x[c][: COUNTS[c]])[0]
         acc = np.mean(np.argmax(out, -1) == data.test.y[c][: COUNTS[c]])
@@ -372,11 +344,12 @@ def test_fashion_mnist_permuted_groups_find_their_group_and_beat_fedavg():
     for name, mod in [("federico", federico), ("fedavg", fedavg)]:
         alg = mod.build(model, spec)
         state, _ = _run(alg, alg.init(jax.random.key(0), None, 8), fd.data, rounds=15, key=1)
-        acc[name] = summarize(jax.device_get(jax.jit(alg.evaluate)(state, fd.data)))["mean_accuracy"]
+        per_client = jax.device_get(jax.jit(alg.evaluate)(state, fd.data, jax.random.key(0)))
+        acc[name] = summarize(per_client)["mean_accuracy"]
         if name == "federico":
             post = jax.device_get(state.client_posterior)
             purity = federico.group_purity(post, groups)
-            report = federico.final_report(state, fd)
+            report = alg.final_report(state, fd, per_client, jax.random.key(0))
     print(acc, federico.group_mass(post, groups), purity, report)
     assert np.all(purity > 0.8), purity
     assert report["group_purity"] == pytest.approx(np.mean(purity))
@@ -395,6 +368,6 @@ def test_sine_intervals_fedavg_cannot_fit_federico_can():
     for name, mod in [("federico", federico), ("fedavg", fedavg)]:
         alg = mod.build(model, spec, client_map="map")
         state, _ = _run(alg, alg.init(jax.random.key(0), None, 4), fd.data, rounds=40, key=1)
-        mse[name] = -float(np.mean(alg.evaluate(state, fd.data)["accuracy"]))
+        mse[name] = -float(np.mean(alg.evaluate(state, fd.data, jax.random.key(0))["accuracy"]))
     print(mse)
     assert mse["federico"] < 0.02 < mse["fedavg"], mse

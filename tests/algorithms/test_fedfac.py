@@ -14,7 +14,7 @@ from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.params import flat
 from pfljax.core.sampling import sample_clients
 from pfljax.models import build_model
-from tests.toydata import toy_data
+from tests.toydata import toy_data, toy_federated
 
 COUNTS = (12, 7, 20, 3, 9, 15, 11, 8)
 MODEL = build_model("mlp", (6,), 3, hidden=(8, 8))
@@ -22,6 +22,7 @@ SPEC = LocalTraining(optax.sgd(0.2, momentum=0.5), batch_size=4, epochs=2, steps
 KERNEL, BIAS = "params/hidden_0/kernel", "params/hidden_0/bias"
 TRAIN = jax.jit(make_local_train(MODEL.apply, SPEC))
 SPLIT = jax.jit(fedfac.factor_split, static_argnames=("kappa", "tau_quantile"))
+EVAL_KEY = jax.random.key(11)
 
 
 def loop_round(glob, own, shared, data, key, r, k, server_lr, tau):
@@ -113,7 +114,7 @@ def run(alg, data, rounds=3, key=5, evaluate=True):
     rnd = jax.jit(alg.round)
     for _ in range(rounds):
         state, metrics = rnd(state, data, jax.random.key(key))
-    return state, metrics, (jax.jit(alg.evaluate)(state, data) if evaluate else None)
+    return state, metrics, (jax.jit(alg.evaluate)(state, data, EVAL_KEY) if evaluate else None)
 
 
 def assert_same(a, b):
@@ -170,7 +171,7 @@ def test_masking_shared_units_draws_standard_normal_values():
     alg = fedfac.build(MODEL, SPEC, tau_quantile=50.0, split="fixed", mask="shared")
     state = alg.init(jax.random.key(0), None, len(COUNTS))
     plain = fedfac.build(MODEL, SPEC, tau_quantile=50.0, split="fixed")
-    ea, eb = alg.evaluate(state, data), plain.evaluate(state, data)
+    ea, eb = alg.evaluate(state, data, EVAL_KEY), plain.evaluate(state, data, EVAL_KEY)
     assert not np.allclose(ea["loss"], eb["loss"])
     state, _ = jax.jit(alg.round)(state, data, jax.random.key(0))
     # Shared units (the last 4) started from N(0, 1) draws, so trained values are far from init (~0.4 std).
@@ -241,12 +242,11 @@ def test_new_clients_never_train_and_get_localtrain_and_ensemble():
         "bias": personal.astype(np.float32),
     }
     tune = jax.jit(make_local_train(MODEL.apply, SPEC._replace(optimizer=masked_sgd(trainable), epochs=1)))
-    eval_key = jax.random.fold_in(jax.random.key(fedfac.EVAL_SEED), state.round)
     existing = [model_of(j) for j in np.flatnonzero(~new)]
     for c in np.flatnonzero(new):
         n = int(data.test.count[c])
         x, y = data.test.x[c][:n], data.test.y[c][:n]
-        tuned = tune(model_of(c), take(data.train, c), client_key(eval_key, c)).params
+        tuned = tune(model_of(c), take(data.train, c), client_key(EVAL_KEY, c)).params
         logits = MODEL.apply(tuned, x)[0]
         np.testing.assert_allclose(per_client["accuracy"][c], np.mean(np.argmax(logits, -1) == y), atol=1e-6)
         loss = np.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
@@ -261,6 +261,25 @@ def test_new_clients_never_train_and_get_localtrain_and_ensemble():
         "new_clients_localtrain_accuracy",
         "new_clients_ensemble_accuracy",
     }
+
+
+def test_final_report_weights_new_clients_localtrain_accuracy_by_test_size():
+    """Algorithm.final_report, given the final evaluation, reports the new clients' LocalTrain
+    accuracy as their test-size-weighted mean (computed here from the state and the data)."""
+    data = toy_data(COUNTS)
+    alg = fedfac.build(MODEL, SPEC, clients_per_round=3, new_client_fraction=0.25, tau_quantile=50.0)
+    state, _, _ = run(alg, data, rounds=2, evaluate=False)
+    key = jax.random.key(3)
+    per_client = jax.device_get(jax.jit(alg.evaluate)(state, data, key))
+    report = alg.final_report(state, toy_federated(data), per_client, key)
+    new = np.asarray(state.client_new)
+    count = np.asarray(data.test.count, np.float64)
+    assert new.sum() == 2
+    expected = np.sum(np.asarray(per_client["accuracy"])[new] * count[new]) / np.sum(count[new])
+    np.testing.assert_allclose(report["new_clients_localtrain_accuracy"], expected, rtol=1e-12)
+    existing = np.sum(np.asarray(per_client["accuracy"])[~new] * count[~new]) / np.sum(count[~new])
+    np.testing.assert_allclose(report["existing_clients_accuracy"], existing, rtol=1e-12)
+    assert "new_clients_ensemble_accuracy" in report
 
 
 def test_unit_layers_and_layer_names():
@@ -316,6 +335,6 @@ def test_simulation_fedfac_beats_fedavg():
         rnd = jax.jit(alg.round)
         for r in range(10):
             state, _ = rnd(state, fed.data, jax.random.key(r))
-        per_client = alg.evaluate(state, fed.data)
+        per_client = alg.evaluate(state, fed.data, jax.random.key(0))
         acc[name] = float(np.sum(per_client["accuracy"] * per_client["count"]) / np.sum(per_client["count"]))
     assert acc["fedfac"] > acc["fedavg"] + 0.1, acc

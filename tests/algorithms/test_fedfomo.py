@@ -138,7 +138,7 @@ def test_round_equals_per_client_loop_and_vmap_traces_once():
     for r in range(3):
         state, _ = vmap_round(state, data, jax.random.key(5))
         chex.assert_trees_all_close(state, states[r + 1], rtol=1e-5, atol=1e-6)
-    scores = jax.jit(vmap_alg.evaluate)(state, data)
+    scores = jax.jit(vmap_alg.evaluate)(state, data, jax.random.key(0))
     for c in range(len(COUNTS)):
         want = val_loss_and_accuracy(take(state.client_params, c), take(data.test, c))
         np.testing.assert_allclose(scores["accuracy"][c], want["accuracy"], rtol=1e-6)

@@ -43,6 +43,11 @@ def test_round_equals_loop_and_heads_stay_personal():
 
 
 @pytest.mark.parametrize("n", [0, 2])
-def test_bad_personal_layers(n):
-    with pytest.raises(ValueError, match="personal_layers"):
-        fedper.build(MODEL, SPEC, personal_layers=n)
+def test_bad_local_layers(n):
+    with pytest.raises(ValueError, match="local_layers"):
+        fedper.build(MODEL, SPEC, local_layers=n)
+
+
+def test_old_option_name_is_refused_naming_the_new_one():
+    with pytest.raises(TypeError, match="personal_layers.*now 'local_layers'"):
+        fedper.build(MODEL, SPEC, personal_layers=1)

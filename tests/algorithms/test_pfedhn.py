@@ -98,7 +98,7 @@ def test_step_is_grad_of_inner_product_with_minus_delta_and_vmap_traces_once():
             chex.assert_trees_all_close(state.global_hn, want, rtol=1e-5, atol=1e-6)
 
     # Each client is evaluated with its generated model, no fine-tuning.
-    scores = jax.jit(vmap_alg.evaluate)(state, data)
+    scores = jax.jit(vmap_alg.evaluate)(state, data, jax.random.key(5))
     for c in range(len(COUNTS)):
         want = evaluate_generated(state.global_hn, c, take(data.test, c))
         np.testing.assert_allclose(scores["accuracy"][c], want["accuracy"], rtol=1e-6)

@@ -13,7 +13,7 @@ import pytest
 
 from experiments.pfedla_study import overlap_data
 from pfljax.algorithms import fedavg, local, pfedla
-from pfljax.core import hypernet
+from pfljax.core import hypernet, layers
 from pfljax.core.clients import client_key, round_keys, take
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.losses import get_loss, masked_mean
@@ -30,6 +30,7 @@ MODEL = build_model("mlp", (6,), 3, hidden=(8,))
 SPEC = LocalTraining(optax.sgd(0.2), batch_size=4, epochs=2, steps=None)
 HN = dict(embedding_dim=5, hn_hidden=(7, 6))
 IDX_DIR = "/usr/share/datasets/fashion-mnist"
+KEY = jax.random.key(11)  # evaluation key (pFedLA's evaluation uses none)
 
 
 def random_stack(seed=0, n=C):
@@ -38,21 +39,9 @@ def random_stack(seed=0, n=C):
     return jax.tree.map(lambda x: jnp.asarray(rng.normal(size=(n,) + x.shape), jnp.float32), template)
 
 
-def test_layer_groups_module_and_tensor():
-    cnn = build_model("cnn_bn", (28, 28, 1), 10)
-    params = jax.eval_shape(cnn.init, jax.random.key(0))["params"]
-    groups, names = pfedla.layer_groups(params, "module")
-    assert names == ("bn_0", "bn_1", "conv_0", "conv_1", "dense_0", "head")  # tree-flatten order
-    assert groups["bn_0"] == {"scale": 0, "bias": 0} and groups["head"] == {"kernel": 5, "bias": 5}
-    _, tensors = pfedla.layer_groups(params, "tensor")
-    assert len(tensors) == len(jax.tree.leaves(params)) == 12 and "head/kernel" in tensors
-    with pytest.raises(ValueError, match="grouping"):
-        pfedla.layer_groups(params, "block")
-
-
 def test_layer_mix_one_hot_uniform_and_loop():
     stacked = random_stack()
-    groups, names = pfedla.layer_groups(jax.tree.map(lambda x: x[0], stacked))
+    groups, names = layers.leaf_groups(jax.tree.map(lambda x: x[0], stacked))
     num_groups = len(names)
     eye = jnp.broadcast_to(jnp.eye(C)[:, None, :], (C, num_groups, C))
     chex.assert_trees_all_close(pfedla.layer_mix(eye, stacked, groups), stacked)
@@ -157,7 +146,7 @@ def test_round_equals_per_client_loop_and_traces_once(strategy, k):
             want = np.stack([np.maximum(out[n], 0) / np.maximum(out[n], 0).sum() for n in names])
             np.testing.assert_allclose(new.client_alpha[c], want, rtol=1e-5, atol=1e-7)
         assert np.all(new.client_alpha >= 0)
-        np.testing.assert_allclose(pfedla.collaboration_matrix(new).sum(1), np.ones(C), rtol=1e-5)
+        np.testing.assert_allclose(alg.collaboration_matrix(new).sum(1), np.ones(C), rtol=1e-5)
         state = new
     size = tree_bytes(MODEL.init(jax.random.key(0))["params"])
     assert metrics["bytes_up"] == metrics["bytes_down"] == k * size
@@ -168,7 +157,7 @@ def test_round_equals_per_client_loop_and_traces_once(strategy, k):
 @jax.jit
 def mixed_losses(alpha, stacked, data):
     """[C] loss of client c's layer_mix(alpha[c], stacked) on its own train rows."""
-    groups, _ = pfedla.layer_groups(jax.tree.map(lambda x: x[0], stacked))
+    groups, _ = layers.leaf_groups(jax.tree.map(lambda x: x[0], stacked))
     mixed = pfedla.layer_mix(alpha, stacked, groups)
 
     def one(params, x, y, count):
@@ -206,11 +195,10 @@ def test_heur_with_all_layers_is_local_training():
     for r in range(2):
         sh, mh = jax.jit(heur.round)(sh, data, jax.random.key(r))
         sl, _ = jax.jit(loc.round)(sl, data, jax.random.key(r))
-    for path, leaf in zip(leaf_paths(sh.client_params), jax.tree.leaves(sh.client_params)):
-        np.testing.assert_allclose(leaf, sl.client_params[path], rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(sh.client_params, sl.client_params, rtol=1e-5, atol=1e-6)
     assert mh["bytes_down"] == 0 and mh["retained_groups"] == 2 and mh["self_weight"] == 1
     np.testing.assert_allclose(
-        jax.jit(heur.evaluate)(sh, data)["accuracy"], loc.evaluate(sl, data)["accuracy"]
+        jax.jit(heur.evaluate)(sh, data, KEY)["accuracy"], loc.evaluate(sl, data, KEY)["accuracy"]
     )
 
 
@@ -305,7 +293,7 @@ def fm_run(module, data, rounds=15, **kwargs):
     rnd = jax.jit(alg.round)
     for _ in range(rounds):
         state, _ = rnd(state, data, jax.random.key(1))
-    per_client = jax.device_get(jax.jit(alg.evaluate)(state, data))
+    per_client = jax.device_get(jax.jit(alg.evaluate)(state, data, jax.random.key(2)))
     return state, float(np.average(per_client["accuracy"], weights=per_client["count"]))
 
 

@@ -9,13 +9,12 @@ import optax
 import pytest
 
 from pfljax.algorithms import pfedme
-from pfljax.core.batches import stream_batch
 from pfljax.core.clients import client_key, round_keys, take
 from pfljax.core.local import LocalTraining
 from pfljax.core.sampling import sample_clients
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
-from tests.toydata import masked_ce_grad, toy_data
+from tests.toydata import masked_ce_grad, stream_batch, toy_data
 
 COUNTS = (12, 7, 20, 3, 9)
 MODEL = build_model("mlp", (6,), 3, hidden=(8,))

@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+from pfljax import algorithms
 from pfljax.algorithms import pfedpara
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes
@@ -18,7 +19,7 @@ from tests.algorithms.partial_oracle import check_against_state, flat, initial, 
 from tests.toydata import toy_data
 
 COUNTS = (12, 7, 20, 3, 9)
-MODEL = pfedpara.prepare_model("mlp", (6,), 3, hidden=(8,), rank=2)
+MODEL = build_model(algorithms.model_variant("pfedpara", "mlp"), (6,), 3, hidden=(8,), rank=2)
 SPEC = LocalTraining(optax.sgd(0.1), batch_size=4, steps=3, epochs=None)
 
 
@@ -83,5 +84,5 @@ def test_round_equals_loop_and_second_pair_stays_personal():
 def test_bad_models():
     with pytest.raises(ValueError, match="low-rank"):
         pfedpara.build(build_model("mlp", (6,), 3), SPEC)
-    with pytest.raises(ValueError, match="pfedpara model"):
-        pfedpara.prepare_model("resnet9", (6,), 3)
+    with pytest.raises(ValueError, match="model must be one of"):
+        algorithms.model_variant("pfedpara", "resnet9")

@@ -37,3 +37,16 @@ def test_mlp_layers_and_bounds():
     for n in (0, 3):
         with pytest.raises(ValueError, match="personal"):
             layers.last_layers(mlp, n, argument="personal")
+
+
+def test_leaf_groups_module_and_tensor():
+    """Per-leaf groups (pFedLA's layer groups), in tree-flatten order."""
+    cnn = build_model("cnn_bn", (28, 28, 1), 10)
+    params = jax.eval_shape(cnn.init, jax.random.key(0))["params"]
+    groups, names = layers.leaf_groups(params, "module")
+    assert names == ("bn_0", "bn_1", "conv_0", "conv_1", "dense_0", "head")  # tree-flatten order
+    assert groups["bn_0"] == {"scale": 0, "bias": 0} and groups["head"] == {"kernel": 5, "bias": 5}
+    _, tensors = layers.leaf_groups(params, "tensor")
+    assert len(tensors) == len(jax.tree.leaves(params)) == 12 and "head/kernel" in tensors
+    with pytest.raises(ValueError, match="grouping"):
+        layers.leaf_groups(params, "block")

@@ -149,3 +149,25 @@ def test_padding_never_reaches_batchnorm_statistics():
         b = train(params, take(junky, c), jax.random.key(4))
         chex.assert_trees_all_close(a.params, b.params, rtol=1e-6)
         assert not np.allclose(a.params["batch_stats"]["bn_0"]["mean"], 0.0)
+
+
+def test_step_batch_covers_each_epochs_real_rows_once_and_stops_after_the_epochs():
+    from pfljax.core.local import batches_per_epoch, step_batch
+
+    key, count, n_max = jax.random.key(3), jnp.int32(10), 16
+    spec = LocalTraining(optax.sgd(0.1), batch_size=4, epochs=2)
+    per_epoch = int(batches_per_epoch(count, 4))
+    assert per_epoch == 3
+    fn = jax.jit(lambda s: step_batch(spec, key, s, count, n_max))
+    for epoch in range(2):
+        seen = []
+        for j in range(per_epoch):
+            rows, w, active = fn(jnp.int32(epoch * per_epoch + j))
+            assert bool(active)
+            seen += [int(r) for r, wi in zip(rows, w) if wi == 1.0]
+        assert sorted(seen) == list(range(10))
+    # Step s is batch s % E of epoch s // E of the library's epoch order.
+    rows, _, _ = fn(jnp.int32(4))
+    np.testing.assert_array_equal(rows, epoch_order(key, 1, count, n_max, 4)[4:8])
+    assert not bool(fn(jnp.int32(2 * per_epoch))[2])  # past the 2 epochs
+    assert not bool(step_batch(spec, key, jnp.int32(0), jnp.int32(0), n_max)[2])  # empty client

@@ -6,6 +6,7 @@ import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.experiment.tiny import ROOT, TINY_FLAGS, is_png
@@ -102,9 +103,33 @@ def test_smoke_every_output_then_bad_input(tmp_path):
         (["--config.learning_rate=0.5", "--config.rounds=3"], "learning_rate"),  # other config's checkpoint
         (["--config.bogus=1"], "bogus"),
         (["--config.clients_per_round=9"], "clients_per_round"),
+        (["--config.fedper.personal_layers=2"], "--config.fedper.local_layers"),  # renamed option
     ]:
         proc = run_main(*TINY_FLAGS, *args, f"--workdir={workdir}")
         assert proc.returncode == 2, proc.stderr[-2000:]
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], proc.stderr
     assert len(open(os.path.join(workdir, "metrics.jsonl")).readlines()) == 2
+
+
+def test_fedfac_new_client_accuracies_reach_the_summary(tmp_path):
+    workdir = str(tmp_path / "fedfac")
+    proc = run_main(
+        *TINY_FLAGS,
+        "--config.algorithm=fedfac",
+        "--config.fedfac.new_client_fraction=0.34",
+        "--config.fedfac.tau_quantile=50",
+        f"--workdir={workdir}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    new = np.asarray(summary["per_client_new_client"]) > 0
+    assert new.sum() == 2  # round(0.34 * 6) clients never train
+    acc = np.asarray(summary["per_client_accuracy"])
+    counts = np.asarray([c["test"] for c in json.load(open(os.path.join(workdir, "data.json")))["clients"]])
+    want = np.sum(acc[new] * counts[new]) / np.sum(counts[new])
+    assert summary["new_clients_localtrain_accuracy"] == pytest.approx(want, rel=1e-6)
+    assert 0 <= summary["new_clients_ensemble_accuracy"] <= 1
+    assert summary["existing_clients_accuracy"] == pytest.approx(
+        np.sum(acc[~new] * counts[~new]) / np.sum(counts[~new]), rel=1e-6
+    )

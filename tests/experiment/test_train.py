@@ -54,7 +54,7 @@ def test_resume_after_kill_equals_uninterrupted_and_runs_reproduce(tmp_path):
 
 
 def with_hooks(build):
-    """fedavg.build plus a [C] own_accuracy, a non-scalar round metric and the module hooks."""
+    """fedavg.build plus a [C] own_accuracy, a non-scalar round metric and the optional pieces."""
 
     @functools.wraps(build)
     def wrapped(*args, **kwargs):
@@ -64,25 +64,28 @@ def with_hooks(build):
             state, metrics = alg.round(state, data, key)
             return state, {**metrics, "per_client_count": data.train.count * 2}
 
-        def evaluate(state, data):
-            out = alg.evaluate(state, data)
+        def evaluate(state, data, key):
+            out = alg.evaluate(state, data, key)
             return {**out, "own_accuracy": 1.0 - out["accuracy"]}
 
-        return Algorithm(alg.init, round_fn, evaluate)
+        def final_report(state, fed_data, per_client, key):
+            return {
+                "clients_seen": len(fed_data.summary["clients"]),
+                "final_mean": float(per_client["accuracy"].mean()),
+            }
+
+        return Algorithm(alg.init, round_fn, evaluate, lambda s: jnp.full((6, 6), 1 / 6), final_report)
 
     return wrapped
 
 
 def test_hooks_traces_and_extra_metrics(tmp_path, monkeypatch):
     monkeypatch.setattr(fedavg, "build", with_hooks(fedavg.build))
-    monkeypatch.setattr(fedavg, "collaboration_matrix", lambda s: jnp.full((6, 6), 1 / 6), raising=False)
-    monkeypatch.setattr(
-        fedavg, "final_report", lambda s, fd: {"clients_seen": len(fd.summary["clients"])}, raising=False
-    )
     workdir = str(tmp_path / "run")
     summary = train_and_evaluate(tiny_config(base_config(), rounds=2, eval_every=2), workdir)
     np.testing.assert_allclose(np.sum(summary["collaboration_matrix"], 1), 1.0, rtol=1e-6)
     assert summary["clients_seen"] == 6
+    np.testing.assert_allclose(summary["final_mean"], np.mean(summary["per_client_accuracy"]), rtol=1e-6)
     assert os.path.getsize(os.path.join(workdir, "collaboration.png")) > 1000
     acc = np.asarray(summary["per_client_accuracy"])
     np.testing.assert_allclose(summary["per_client_own_accuracy"], 1 - acc, rtol=1e-6)

@@ -1,0 +1,209 @@
+"""One federated round, shared by every algorithm (fedjax's for_each_client, optax's init/update).
+
+The round owns what every algorithm shares: the participants (a static K of the
+eligible clients, sampled from the round key), the keys, the aggregation weights,
+the client map, the round counter and the standard metrics. An algorithm supplies
+pieces:
+
+    round = federated_round(
+        client_step(client_update, server_update, client_map, client_inputs=...),
+        clients_per_round=K, weighting="samples", bytes_up=b, bytes_down=b)
+
+- `client_update(state, cid, inputs, data, key) -> (output, loss)`: what ONE client
+  does in the round. `state` is the server's view (read its `global_*` fields);
+  `inputs` is the client's own row of `client_inputs(state, ids)`; `data` is the
+  client's train ClientArrays (no client axis); `key` its round key.
+- `server_update(state, outputs, part) -> (state, metrics)`: what the server does
+  with the stacked outputs [K, ...] of the participants `part` (a Participants).
+- A method whose round is not "map one client, then aggregate" (FedeRiCo's
+  neighbour exchange) gives `federated_round` its own `step(state, data, part)`.
+
+The round increments `state.round`, reports `train_loss` (the weighted mean of the
+participants' losses), `bytes_up` / `bytes_down` (K times the per-client figures)
+and `participants`; metrics returned by the algorithm's piece override these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pfljax.core import aggregate
+from pfljax.core.clients import client_key, gather, round_keys, scatter, take
+from pfljax.core.privacy import ClientDP, private_mean_update
+from pfljax.core.sampling import check_clients_per_round, sample_clients
+from pfljax.core.types import ClientData
+
+PyTree = Any
+WEIGHTINGS = ("samples", "uniform")
+DP_NOISE_STREAM = 0xD9  # the server's noise key: fold_in(sample_key, DP_NOISE_STREAM)
+
+
+class Participants(NamedTuple):
+    """The clients taking part in one round.
+
+    Attributes:
+      ids: [K] int32 client ids (sorted).
+      weights: [K] float32 aggregation weights (train sizes or ones).
+      sample_key: the round's sampling key (for server-side randomness).
+      train_key: the round's training key; client c uses `client_key(c)`.
+      num_clients: C, static.
+      privacy: client-level DP of the server's average (`average`), or None.
+    """
+
+    ids: jax.Array
+    weights: jax.Array
+    sample_key: jax.Array
+    train_key: jax.Array
+    num_clients: int
+    privacy: ClientDP | None = None
+
+    @property
+    def k(self) -> int:
+        return self.ids.shape[0]
+
+    def client_key(self, cid: jax.Array) -> jax.Array:
+        """fold_in(train_key, cid): independent of who else takes part."""
+        return client_key(self.train_key, cid)
+
+    def gather(self, tree: PyTree) -> PyTree:
+        """The participants' rows [K, ...] of a [C, ...] tree."""
+        return gather(tree, self.ids)
+
+    def scatter(self, tree: PyTree, rows: PyTree) -> PyTree:
+        """`tree` [C, ...] with the participants' rows replaced by `rows` [K, ...]."""
+        return scatter(tree, self.ids, rows)
+
+    def mean(self, stacked: PyTree) -> PyTree:
+        """Weighted mean over the participants of [K, ...] leaves."""
+        return aggregate.weighted_mean(stacked, self.weights)
+
+    def average(self, uploads: PyTree, reference: PyTree) -> tuple[PyTree, dict]:
+        """The server's average of the participants' uploads [K, ...] of the model
+        `reference` it sent: their weighted mean; under client-level DP, reference plus
+        the clipped, noised mean update (pfljax.core.privacy). Returns (average, metrics)."""
+        if self.privacy is None:
+            return self.mean(uploads), {}
+        updates = jax.tree.map(lambda u, r: u - r[None], uploads, reference)
+        key = jax.random.fold_in(self.sample_key, DP_NOISE_STREAM)
+        mean, metrics = private_mean_update(updates, key, self.privacy)
+        return jax.tree.map(jnp.add, reference, mean), metrics
+
+
+def check_weighting(weighting: str) -> str:
+    """ValueError naming the allowed values unless `weighting` is one of WEIGHTINGS."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+    return weighting
+
+
+def client_weights(weighting: str, counts: jax.Array) -> jax.Array:
+    """Aggregation weights [K]: sample counts ("samples") or ones ("uniform")."""
+    check_weighting(weighting)
+    return counts.astype(jnp.float32) if weighting == "samples" else jnp.ones_like(counts, jnp.float32)
+
+
+def participants(
+    state: Any,
+    data: ClientData,
+    key: jax.Array,
+    clients_per_round: int | None,
+    weighting: str = "samples",
+    eligible: Callable[[Any, int], tuple[jax.Array, int]] | None = None,
+    privacy: ClientDP | None = None,
+) -> Participants:
+    """Samples this round's K clients: keys from (key, state.round), ids among the
+    eligible clients (all, or `eligible(state, C) -> (ids [n], n)` with n static)."""
+    num = data.train.count.shape[0]
+    ids, n = (jnp.arange(num), num) if eligible is None else eligible(state, num)
+    k = check_clients_per_round(clients_per_round, n)
+    sample_key, train_key = round_keys(key, state.round)
+    idx = sample_clients(sample_key, n, k)
+    idx = idx if eligible is None else ids[idx]
+    weights = client_weights(weighting, data.train.count[idx])
+    return Participants(idx, weights, sample_key, train_key, num, privacy)
+
+
+def federated_round(
+    step: Callable,
+    *,
+    clients_per_round: int | None = None,
+    weighting: str = "samples",
+    bytes_up: float = 0.0,
+    bytes_down: float = 0.0,
+    eligible: Callable | None = None,
+    privacy: ClientDP | None = None,
+) -> Callable:
+    """Builds `round(state, data, key) -> (state, metrics)` around an algorithm's step.
+
+    Args:
+      step: `(state, data, part) -> (state, losses [K] | None, metrics)`; the
+        returned state's round counter is incremented here.
+      clients_per_round: K sampled per round (None: every eligible client).
+      weighting: aggregation weights, "samples" (train sizes) or "uniform".
+      bytes_up, bytes_down: bytes one participant sends / receives (static).
+      eligible: `(state, C) -> (ids [n], n)`: the clients that may be sampled.
+      privacy: client-level DP applied by `Participants.average` (None: off).
+    """
+    check_weighting(weighting)
+    privacy = None if privacy is None else privacy.validate()
+
+    def round_fn(state, data: ClientData, key):
+        part = participants(state, data, key, clients_per_round, weighting, eligible, privacy)
+        new_state, losses, extra = step(state, data, part)
+        metrics = {
+            "bytes_up": jnp.float32(part.k * bytes_up),
+            "bytes_down": jnp.float32(part.k * bytes_down),
+            "participants": jnp.int32(part.k),
+        }
+        if losses is not None:
+            metrics["train_loss"] = jnp.sum(aggregate.normalized_weights(part.weights) * losses)
+        metrics.update(extra)
+        return new_state._replace(round=state.round + 1), metrics
+
+    return round_fn
+
+
+def map_clients(client_update: Callable, client_map: Callable, state, data: ClientData, part, inputs=None):
+    """Runs `client_update(state, cid, inputs_row, data_row, key)` for every participant.
+
+    Returns the stacked outputs [K, ...] of `client_update`.
+    """
+
+    def one(args):
+        cid, row = args
+        return client_update(state, cid, row, take(data.train, cid), part.client_key(cid))
+
+    return client_map(one, (part.ids, inputs))
+
+
+def client_step(
+    client_update: Callable,
+    server_update: Callable,
+    client_map: Callable,
+    client_inputs: Callable | str | None = None,
+) -> Callable:
+    """The usual step: every participant runs `client_update`, the server `server_update`.
+
+    Args:
+      client_update: `(state, cid, inputs, data, key) -> (output, loss)` for ONE client.
+      server_update: `(state, outputs [K], part) -> (state, metrics)`.
+      client_map: how the per-client function is mapped (ClientMap or a callable).
+      client_inputs: `(state, part) -> [K, ...]` what each participant receives of
+        its own, or the name of a `client_*` state field (its participants' rows),
+        or None (nothing).
+    """
+    if isinstance(client_inputs, str):
+        field = client_inputs
+        client_inputs = lambda state, part: part.gather(getattr(state, field))  # noqa: E731
+
+    def step(state, data: ClientData, part: Participants):
+        inputs = None if client_inputs is None else client_inputs(state, part)
+        outputs, losses = map_clients(client_update, client_map, state, data, part, inputs)
+        new_state, metrics = server_update(state, outputs, part)
+        return new_state, losses, metrics
+
+    return step
