@@ -4,7 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-WORKDIR ?= runs/demo
+# The demo's data: Fashion-MNIST where its IDX files are installed (apt-get install
+# dataset-fashion-mnist), else the FedFac simulation; one workdir per data set, so installing
+# the files later starts a new demo instead of meeting the other data's checkpoints.
+FMNIST_FILE := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+DEMO_DATA := $(if $(wildcard $(FMNIST_FILE)),fashion_mnist,simulation)
+WORKDIR ?= runs/demo/$(DEMO_DATA)
 
 .PHONY: venv demo test bench lint clean
 
@@ -16,8 +21,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# FedAvg vs Local on Fashion-MNIST (or the FedFac simulation without its files): runs/demo/results.md.
+# FedAvg vs Local on Fashion-MNIST (or the FedFac simulation without its files): $(WORKDIR)/results.md.
 demo: $(STAMP)
+	@echo "demo on $(DEMO_DATA)$(if $(wildcard $(FMNIST_FILE)),, (Fashion-MNIST IDX files not in \
+	/usr/share/datasets/fashion-mnist: apt-get install dataset-fashion-mnist for it)), outputs in $(WORKDIR)"
 	$(PY) -m experiments.compare --config=experiments/configs/default.py --algorithms=fedavg,local \
 		--seeds=0 --workdir=$(WORKDIR)
 

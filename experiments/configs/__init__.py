@@ -1,0 +1,1 @@
+"""Shims: the configs live in pfljax/experiment/configs/ (shipped with pfljax)."""

@@ -30,6 +30,7 @@ from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train
+from pfljax.core.privacy import ClientDP
 from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
@@ -71,11 +72,15 @@ def client_update(hp: DittoHyper, state: DittoState, cid, v, data, key):
 def server_update(hp: DittoHyper, state: DittoState, outputs, part: Participants):
     """FedAvg's server step on the w_k; the participants' v_k stored; their mean personal loss."""
     w_new, v_new, personal_loss = outputs
+    average, metrics = part.average(w_new, state.global_params)
     state = state._replace(
-        global_params=aggregate.server_step(state.global_params, part.mean(w_new), hp.server_lr),
+        global_params=aggregate.server_step(state.global_params, average, hp.server_lr),
         client_personal=part.scatter(state.client_personal, v_new),
     )
-    return state, {"personal_loss": jnp.sum(aggregate.normalized_weights(part.weights) * personal_loss)}
+    return state, {
+        "personal_loss": jnp.sum(aggregate.normalized_weights(part.weights) * personal_loss),
+        **metrics,
+    }
 
 
 def init(model: Model, key, params_template=None, num_clients: int = 1) -> DittoState:
@@ -101,6 +106,7 @@ def build(
     personal_steps: int = 0,
     server_lr: float = 1.0,
     weighting: str = "samples",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """Ditto: FedAvg for w, and per participant v trained with lam / 2 ||v - w||^2.
 
@@ -133,6 +139,7 @@ def build(
             step,
             clients_per_round=clients_per_round,
             weighting=weighting,
+            privacy=privacy,
             bytes_up=model_bytes,
             bytes_down=model_bytes,
         ),

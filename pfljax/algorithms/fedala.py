@@ -43,6 +43,7 @@ from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.layers import last_layers
 from pfljax.core.local import LocalTraining, batch_rows, make_local_train, shuffled_rows
 from pfljax.core.losses import get_loss, masked_mean
+from pfljax.core.privacy import ClientDP
 from pfljax.core.round import Participants, check_weighting, federated_round, map_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model
@@ -194,10 +195,9 @@ def step(hp: FedALAHyper, client_map, state: FedALAState, data: ClientData, part
     trained, losses = map_clients(
         functools.partial(client_update, hp), client_map, state, data, part, part.gather(state.client_params)
     )
-    state = state._replace(
-        global_params=part.mean(trained), client_params=part.scatter(state.client_params, trained)
-    )
-    return state, losses, {"bytes_down": jnp.float32(who.k * hp.model_bytes)}
+    average, metrics = part.average(trained, state.global_params)
+    state = state._replace(global_params=average, client_params=part.scatter(state.client_params, trained))
+    return state, losses, {"bytes_down": jnp.float32(who.k * hp.model_bytes), **metrics}
 
 
 def init(model: Model, is_top, key, params_template=None, num_clients: int = 1) -> FedALAState:
@@ -241,6 +241,7 @@ def build(
     all_clients: bool = False,
     evaluate_ala: bool = False,
     weighting: str = "samples",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """FedALA.
 
@@ -281,6 +282,7 @@ def build(
             functools.partial(step, hp, cmap),
             clients_per_round=clients_per_round,
             weighting=weighting,
+            privacy=privacy,
             bytes_up=model_bytes,
             bytes_down=model_bytes,
         ),

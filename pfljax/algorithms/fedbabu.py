@@ -27,6 +27,7 @@ from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map
 from pfljax.core.layers import last_layers
 from pfljax.core.local import LocalTraining, make_local_train
+from pfljax.core.privacy import ClientDP
 from pfljax.core.round import check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm
 from pfljax.models.base import Model
@@ -52,6 +53,7 @@ def build(
     finetune_epochs: int = 5,
     server_lr: float = 1.0,
     weighting: str = "samples",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """FedBABU: the body federated with the head frozen at its initialisation; fine-tuned to evaluate.
 
@@ -82,6 +84,7 @@ def build(
             step,
             clients_per_round=clients_per_round,
             weighting=weighting,
+            privacy=privacy,
             bytes_up=body_bytes,
             bytes_down=body_bytes,
         ),

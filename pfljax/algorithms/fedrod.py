@@ -38,6 +38,7 @@ from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.layers import layer_groups
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.losses import Loss, get_loss
+from pfljax.core.privacy import ClientDP
 from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
@@ -122,9 +123,10 @@ def client_update(hp: FedRoDHyper, state: FedRoDState, cid, personal, data, key)
 def server_update(state: FedRoDState, outputs, part: Participants):
     """Body and generic head: the weighted mean; personal heads stored."""
     trained, personal = outputs
+    average, metrics = part.average(trained, state.global_params)
     return state._replace(
-        global_params=part.mean(trained), client_heads=part.scatter(state.client_heads, personal)
-    ), {}
+        global_params=average, client_heads=part.scatter(state.client_heads, personal)
+    ), metrics
 
 
 def linear_head(model: Model) -> str:
@@ -155,6 +157,7 @@ def build(
     clients_per_round: int | None = None,
     client_map: ClientMap | str | None = "auto",
     weighting: str = "samples",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """FedRoD with a linear personal head.
 
@@ -177,6 +180,7 @@ def build(
             step,
             clients_per_round=clients_per_round,
             weighting=weighting,
+            privacy=privacy,
             bytes_up=model_bytes,
             bytes_down=model_bytes,
         ),

@@ -42,6 +42,7 @@ from pfljax.core.clients import ClientMap, as_client_map, take
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
+from pfljax.core.privacy import ClientDP
 from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model
@@ -161,7 +162,8 @@ def client_update(train: Callable, state: PerFedAvgState, cid, inputs, data, key
 
 def server_update(state: PerFedAvgState, outputs, part: Participants):
     """The new meta-model: the weighted mean of the returned models."""
-    return state._replace(global_params=part.mean(outputs)), {}
+    average, metrics = part.average(outputs, state.global_params)
+    return state._replace(global_params=average), metrics
 
 
 def init(model: Model, key, params_template=None, num_clients: int = 1) -> PerFedAvgState:
@@ -189,6 +191,7 @@ def build(
     delta: float = 1e-3,
     adapt_steps: int = 1,
     weighting: str = "uniform",
+    privacy: ClientDP | None = None,
 ) -> Algorithm:
     """Per-FedAvg.
 
@@ -220,6 +223,7 @@ def build(
             step,
             clients_per_round=clients_per_round,
             weighting=weighting,
+            privacy=privacy,
             bytes_up=model_bytes,
             bytes_down=model_bytes,
         ),

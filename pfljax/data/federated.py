@@ -41,8 +41,9 @@ class FederatedData(NamedTuple):
         int32 [C, n_max], count int32 [C]; rows >= count are zero.
       num_classes: number of labels the model must output.
       input_shape: shape of one input, e.g. (28, 28, 1).
-      summary: JSON-serializable description (per-client counts, classes,
-        groups, label maps; totals).
+      summary: JSON-serializable description (per-client train/test sizes,
+        classes, per-class train/test counts `train_class_counts` /
+        `test_class_counts` over the model's labels, groups, label maps; totals).
       truth: generator parameters of a simulated source, else None.
       task: "classification", or "regression" for a per-client source with
         real-valued targets (y float32 [C, n_max, *target]; no label maps,
@@ -236,6 +237,13 @@ def build_federated_data(
                 "classes": [] if regression else sorted(int(k) for k in np.unique(maps[c][y[idx]])),
                 "source_classes": [] if regression else sorted(int(k) for k in np.unique(y[idx])),
                 "label_map": [] if regression else maps[c].tolist(),
+                # Samples of each model label (0..num_classes-1) in the client's splits.
+                "train_class_counts": []
+                if regression
+                else _class_counts(splits["train"][1][-1], model_classes),
+                "test_class_counts": []
+                if regression
+                else _class_counts(splits["test"][1][-1], model_classes),
             }
         )
 
@@ -258,6 +266,11 @@ def build_federated_data(
     }
     task = "regression" if regression else "classification"
     return FederatedData(ClientData(train, test), model_classes, input_shape, summary, truth, task)
+
+
+def _class_counts(labels: np.ndarray, num_classes: int) -> list[int]:
+    """[K] number of samples of each label (summary only; reads, never changes, the data)."""
+    return np.bincount(np.asarray(labels, np.int64), minlength=num_classes)[:num_classes].tolist()
 
 
 def _partition(

@@ -8,7 +8,7 @@ Imports orbax, matplotlib and tensorboardX lazily, when a run needs them.
 """
 
 from pfljax.experiment.compare import compare
-from pfljax.experiment.config import ConfigError, algorithm_options, base_config, prepare, validate
+from pfljax.experiment.config import ConfigError, algorithm_options, base_config, prepare, resolve, validate
 from pfljax.experiment.train import load_summary, train_and_evaluate
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "compare",
     "load_summary",
     "prepare",
+    "resolve",
     "train_and_evaluate",
     "validate",
 ]

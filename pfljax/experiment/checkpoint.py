@@ -52,10 +52,31 @@ class Checkpoints:
 
 def check_config(saved: dict, current: dict, workdir: str) -> None:
     """ConfigError unless the configs agree on every field outside RESUMABLE_FIELDS."""
+    saved, current = _flat(saved), _flat(current)
     keys = sorted((set(saved) | set(current)) - set(RESUMABLE_FIELDS))
     differ = [k for k in keys if saved.get(k) != current.get(k)]
     if differ:
-        raise ConfigError(
-            f"workdir {workdir!r} holds a checkpoint of a different config (fields differ: "
-            f"{', '.join(differ)}); use another --workdir or the same config"
+        shown = "; ".join(
+            f"{k}: {_short(saved.get(k))} there, {_short(current.get(k))} now" for k in differ[:4]
         )
+        more = f"; and {len(differ) - 4} more" if len(differ) > 4 else ""
+        raise ConfigError(
+            f"--workdir={workdir!r} holds a checkpoint of a different config (fields differ: {shown}{more}); "
+            f"use another --workdir or the same config"
+        )
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    """{"fedavg.server_lr": 1.0, ...}: nested option dicts flattened (model_kwargs kept whole)."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and key != "model_kwargs" and not prefix:
+            out.update(_flat(value, f"{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,42 +1,234 @@
-"""Helpers for the absl binaries: one-line errors with exit code 2 for bad input."""
+"""Helpers for the absl binaries (`pfljax-run`, `pfljax-compare`, `pfljax-partition`).
+
+Exit codes: 0 the run completed; 2 bad input (one line `error: ...` on stderr
+naming the flag, its value and what is allowed, before any training); 3 a run
+diverged (non-finite loss or parameters; one line naming the round, the
+algorithm and the usual knobs; outputs up to the round before are kept).
+Anything else (1) is a bug: please report its traceback.
+
+`--config` takes a config file (`path.py[:argument]`) or the name of a shipped
+config (`default`, `federico_fmnist:permuted_2`, ...: `SHIPPED_CONFIGS`), so the
+binaries run from any directory once pfljax is installed.
+"""
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
+import logging as std_logging
 import os
 import sys
+import traceback
 
 from absl import flags
 
-from pfljax import algorithms
-
 EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
+HELP_FLAGS = ("-h", "--help", "-help", "--helpfull", "--helpshort", "-?")
+SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../pfljax
 
 
-def fail(message: str) -> None:
-    """Prints `error: message` on one line to stderr and exits with code 2."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
-    sys.exit(EXIT_BAD_INPUT)
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+    """Prints `error: message` on one line to stderr and exits with `code` (2: bad input)."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped with pfljax (usable as `--config=<name>`)."""
+    return sorted(f[:-3] for f in os.listdir(SHIPPED_CONFIGS) if f.endswith(".py") and not f.startswith("_"))
+
+
+def resolve_config_path(value: str) -> str:
+    """`--config` value -> an existing file path (`:argument` kept): a path as
+    given when it exists, else a shipped config by name (`default`,
+    `default.py`, `experiments/configs/default.py` from another directory)."""
+    path, sep, arg = value.partition(":")
+    if os.path.isfile(path):
+        return value
+    name = os.path.basename(path)
+    name = name[:-3] if name.endswith(".py") else name
+    if name in shipped_configs() and (os.sep not in path or path.startswith("experiments/configs/")):
+        return os.path.join(SHIPPED_CONFIGS, f"{name}.py") + sep + arg
+    return value
+
+
+def _config_arg(argv: list[str]) -> tuple[int, str] | None:
+    """(index, value) of the last --config flag in argv (absl uses the last)."""
+    found = None
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            found = i, a[len("--config=") :]
+        elif a == "--config" and i + 1 < len(argv):
+            found = i + 1, argv[i + 1]
+    return found
+
+
+def load_config_file(value: str):
+    """get_config(argument) of a config file `path.py[:argument]`; bad input -> fail()."""
+    path, _, arg = value.partition(":")
+    if not os.path.isfile(path):
+        fail(
+            f"--config={value}: no such config file {path!r}; give a path, or one of the shipped "
+            f"configs: {', '.join(shipped_configs())}{_close(os.path.basename(path), shipped_configs())}"
+        )
+    try:
+        spec = importlib.util.spec_from_file_location("pfljax_config_check", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            fail(f"--config={value}: {path} has no get_config() function")
+        return module.get_config(*([arg] if ":" in value else []))
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001  any error in the config file is the user's input
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        fail(
+            f"--config={value}: {type(e).__name__}: {e} "
+            f"(in {os.path.basename(where.filename)}:{where.lineno}, {where.name})"
+        )
+
+
+def _close(name: str, names) -> str:
+    close = difflib.get_close_matches(str(name), [str(n) for n in names], n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def _override_error(argv: list[str], config) -> str:
+    """The message for an override of a field that does not exist."""
+    from pfljax.experiment.config import model_arguments  # pylint: disable=import-outside-toplevel
+
+    for a in argv[1:]:
+        if not a.startswith("--config."):
+            continue
+        flag, _, value = a.partition("=")
+        parts = flag[len("--config.") :].split(".")
+        node, depth = config, 0
+        while depth < len(parts) and hasattr(node, "keys") and parts[depth] in node:
+            node, depth = node[parts[depth]], depth + 1
+        if depth == len(parts):
+            continue  # this override names an existing field
+        missing, parent = parts[depth], ".".join(parts[:depth])
+        given = f"{flag}={value}" if value else flag
+        if not hasattr(node, "keys"):
+            return f"{given}: config.{parent} is a {type(node).__name__}, it has no field {missing!r}"
+        keys = sorted(node.keys())
+        if parent == "":
+            fields = ", ".join(keys)
+            return f"{given}: {missing!r} is not a config field{_close(missing, keys)}; fields: {fields}"
+        if parent == "model_kwargs":
+            try:
+                from pfljax import algorithms  # pylint: disable=import-outside-toplevel
+
+                model = algorithms.model_variant(config.algorithm, config.model)
+                args = ", ".join(f"{k}={v!r}" for k, v in model_arguments(model).items())
+            except Exception:  # noqa: BLE001
+                model, args = config.model, "?"
+            return (
+                f"{given}: model_kwargs of this config hold only {keys or 'nothing'}{_close(missing, keys)}; "
+                f"model {model!r} takes {args}; to pass an argument the config does not set, use a config "
+                f"file that sets config.model_kwargs"
+            )
+        if depth == 1 and parent in _algorithm_names():
+            from pfljax import algorithms  # pylint: disable=import-outside-toplevel
+
+            new = algorithms.renamed_option(parent, missing)
+            if new:
+                return f"{given}: {parent}.{missing} was renamed: use --config.{parent}.{new}"
+            return (
+                f"{given}: {missing!r} is not an option of {parent}{_close(missing, keys)}; "
+                f"its options: {', '.join(keys) or 'none'}"
+            )
+        fields = ", ".join(keys)
+        close = _close(missing, keys)
+        return f"{given}: {missing!r} is not a field of config.{parent}{close}; its fields: {fields}"
+    return "an override names a field the config does not have"
+
+
+def _algorithm_names() -> list[str]:
+    from pfljax import algorithms  # pylint: disable=import-outside-toplevel
+
+    return algorithms.available()
 
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing (use as `app.run(main, flags_parser=parse_flags)`), where
-    an unknown flag or config field, a bad value or a missing config file is a
-    one-line error and exit code 2 instead of a traceback."""
+    an unknown flag or config field, a bad value, a missing or failing config
+    file is a one-line error and exit code 2 instead of a traceback."""
+    argv = list(argv)
+    found = _config_arg(argv)
+    config = None
+    if found is not None:
+        i, value = found
+        value = resolve_config_path(value)
+        argv[i] = f"--config={value}" if argv[i].startswith("--config=") else value
+        config = load_config_file(value)
     try:
         return flags.FLAGS(argv)
+    except SystemExit:
+        if any(a in HELP_FLAGS for a in argv[1:]):
+            sys.exit(0)  # absl exits 1 after printing --help
+        raise
     except flags.Error as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except (AttributeError, KeyError) as e:  # ml_collections: override of an unknown field
-        overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-        for flag in overrides:
-            parts = flag[len("--config.") :].split(".")
-            new = algorithms.renamed_option(parts[0], parts[1]) if len(parts) == 2 else None
-            if new:
-                fail(f"{flag} was renamed: use --config.{parts[0]}.{new}")
-        fail(f"unknown config field {e} (overrides given: {', '.join(overrides)})")
-    except Exception as e:  # noqa: BLE001  config file errors (missing file, exception in get_config)
-        fail(f"{type(e).__name__}: {e}")
+        if config is None:
+            fail(f"unknown config field {e}")
+        fail(_override_error(argv, config))
+    except Exception as e:  # noqa: BLE001  config file errors not caught above
+        fail(f"{type(e).__name__}: {' '.join(str(e).split())}")
     return []
+
+
+def config_help() -> str:
+    """The config fields with their defaults (for --help)."""
+    from pfljax.experiment.config import FIELD_HELP, base_config  # pylint: disable=import-outside-toplevel
+
+    config = base_config()
+    lines = ["Config fields (--config.<field>=value; defaults of the default config):"]
+    for key in sorted(config.keys()):
+        value = config[key]
+        if key in _algorithm_names() or key in ("source", "model_kwargs"):
+            continue
+        lines.append(f"  {key}={value!r}" + (f"  -- {FIELD_HELP[key]}" if key in FIELD_HELP else ""))
+    lines.append("  model_kwargs.<arg>=value  -- arguments of the model (default mlp: hidden=(200,))")
+    lines.append(
+        "  source.<option>=value  -- source options, unset by default: "
+        + ", ".join(sorted(config.source.keys()))
+    )
+    lines.append("Algorithm options (--config.<algorithm>.<option>=value):")
+    for name in _algorithm_names():
+        options = ", ".join(f"{k}={v!r}" for k, v in sorted(config[name].items()))
+        lines.append(f"  {name}: {options or '(none)'}")
+    lines.append(f"Shipped configs (--config=<name>[:argument]): {', '.join(shipped_configs())}")
+    return "\n".join(lines)
+
+
+def set_usage(doc: str, argv: list[str]) -> None:
+    """Makes absl's --help show `doc`, plus the config fields when help is asked
+    for (computing them imports every algorithm, so only then)."""
+    if any(a in HELP_FLAGS for a in argv[1:]):
+        doc = doc + "\n\n" + config_help() + "\n\nExit codes: 0 completed, 2 bad input, 3 a run diverged."
+    sys.modules["__main__"].__doc__ = doc
+
+
+class _OwnLines(std_logging.Filter):
+    """INFO lines from pfljax only (orbax and JAX log every checkpoint and compile at INFO)."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return record.levelno >= std_logging.WARNING or record.pathname.startswith(_PACKAGE)
+
+
+def setup_logging() -> None:
+    """absl logging to stderr: pfljax's progress and provenance lines at INFO, other
+    libraries' warnings and errors only."""
+    from absl import logging  # pylint: disable=import-outside-toplevel
+
+    logging.set_verbosity(logging.INFO)
+    handler = logging.get_absl_handler()
+    if not any(isinstance(f, _OwnLines) for f in handler.filters):
+        handler.addFilter(_OwnLines())
 
 
 def initialize_distributed() -> None:
@@ -54,12 +246,10 @@ def initialize_distributed() -> None:
 
 
 def start(argv: list[str], distributed: bool) -> None:
-    """Common prologue of the binaries' `main`: quiet orbax logging, multi-host
-    initialization when asked, and no stray positional arguments."""
-    from absl import logging  # pylint: disable=import-outside-toplevel
-
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO
+    """Common prologue of the binaries' `main`: logging (our lines at INFO, orbax
+    quiet), multi-host initialization when asked, and no stray positional arguments."""
+    if len(argv) > 1:
+        fail(f"unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
+    setup_logging()
     if distributed:
         initialize_distributed()
-    if len(argv) > 1:
-        fail(f"unexpected arguments: {' '.join(argv[1:])}")

@@ -2,10 +2,13 @@
 
 Workdir layout (see `pfljax.experiment.train`):
 
-    config.json        the config of the run
+    config.json        the config of the run (resolved: no "auto" fields)
+    data.json          the partition: per client train/test sizes, classes, per-class counts
+    partition.png      the label distribution (clients x classes)
     metrics.jsonl      one line per evaluated round
+    metrics.csv        the same rows as a CSV table
     traces.jsonl       non-scalar round metrics, one line per round that has any
-    summary.json       at the end
+    summary.json       at the end ("status": "completed" or "diverged")
     accuracy.png, loss.png, collaboration.png (plots)
     tensorboard/       TensorBoard event files
     checkpoints/       orbax checkpoints
@@ -13,6 +16,7 @@ Workdir layout (see `pfljax.experiment.train`):
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -45,6 +49,22 @@ def write_json(path: str, value: Any) -> None:
     with open(tmp, "w") as f:
         json.dump(jsonable(value), f, indent=1)
         f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    """Writes `rows` as a CSV table (atomically): columns in order of first
+    appearance, scalars only (lists are left out), empty cells for missing or
+    non-finite values."""
+    rows = [jsonable(r) for r in rows]
+    columns = []
+    for row in rows:
+        columns += [k for k, v in row.items() if k not in columns and not isinstance(v, list | dict)]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows([{k: ("" if row.get(k) is None else row.get(k)) for k in columns} for row in rows])
     os.replace(tmp, path)
 
 

@@ -1,10 +1,13 @@
-"""PNG plots of a run (accuracy, loss, collaboration matrix) and of a comparison.
+"""PNG plots of a run (accuracy, loss, collaboration matrix, label distribution)
+and of a comparison.
 
 matplotlib with the non-interactive Agg backend; every function writes one file.
+Legends sit below the axes, so they never cover a curve; long titles wrap.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,20 +22,33 @@ def _pyplot():
     return plt
 
 
+def _title(ax, title: str, width: int = 60) -> None:
+    ax.set_title("\n".join(textwrap.wrap(title, width)) if title else "", fontsize=10)
+
+
 def _integer_rounds(ax) -> None:
     from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _save_round_plot(plt, fig, ax, path: str) -> None:
-    """Integer round ticks, grid, legend; writes the figure to `path` and closes it."""
+def _legend_below(ax, ncol: int = 2) -> None:
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=9, frameon=False)
+
+
+def _save(plt, fig, path: str) -> None:
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _save_round_plot(plt, fig, ax, path: str, ncol: int = 2) -> None:
+    """Integer round ticks, grid, legend below the axes; writes the figure to `path` and closes it."""
     _integer_rounds(ax)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _legend_below(ax, ncol)
+    _save(plt, fig, path)
 
 
 def _column(rows: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -53,19 +69,21 @@ def plot_accuracy(rows: Sequence[dict], path: str, title: str = "") -> None:
     if len(std) == len(mean):
         ax.fill_between(x, mean - std, mean + std, alpha=0.2, label="+- std across clients")
     xw, worst = _column(rows, "worst10_accuracy")
-    ax.plot(xw, worst, linestyle="--", label="worst 10% of clients")
-    ax.set(xlabel="round", ylabel="test accuracy", title=title)
-    _save_round_plot(plt, fig, ax, path)
+    ax.plot(xw, worst, linestyle="--", marker=".", label="worst 10% of clients")
+    ax.set(xlabel="round", ylabel="test accuracy")
+    _title(ax, title)
+    _save_round_plot(plt, fig, ax, path, ncol=3)
 
 
 def plot_loss(rows: Sequence[dict], path: str, title: str = "") -> None:
     """Train loss (mean over participants) and test loss per evaluated round."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("train_loss", "train loss"), ("mean_loss", "test loss")):
+    for key, label in (("train_loss", "train loss (participants)"), ("mean_loss", "test loss")):
         x, y = _column(rows, key)
         ax.plot(x, y, marker=".", label=label)
-    ax.set(xlabel="round", ylabel="loss", title=title)
+    ax.set(xlabel="round", ylabel="loss")
+    _title(ax, title)
     _save_round_plot(plt, fig, ax, path)
 
 
@@ -73,22 +91,100 @@ def plot_matrix(matrix, path: str, title: str = "collaboration matrix") -> None:
     """Heatmap of a [C, C] matrix (row c: how much client c learns from each client)."""
     plt = _pyplot()
     m = np.asarray(matrix, np.float64)
-    fig, ax = plt.subplots(figsize=(5, 4.2))
-    im = ax.imshow(m, cmap="viridis", vmin=0.0)
-    fig.colorbar(im, ax=ax)
-    ax.set(xlabel="learns from client", ylabel="client", title=title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(5.5, 4.6))
+    finite = m[np.isfinite(m)]
+    im = ax.imshow(m, cmap="viridis", vmin=0.0, vmax=float(finite.max()) if finite.size else 1.0)
+    fig.colorbar(im, ax=ax, label="weight of client j in client i's model")
+    ax.set(xlabel="learns from client j", ylabel="client i")
+    _title(ax, title, 50)
+    _save(plt, fig, path)
 
 
-def plot_overlay(curves: dict[str, tuple], path: str, title: str = "") -> None:
-    """Overlaid accuracy curves: {label: (rounds [R], mean [R], std [R] or None)}."""
+def class_counts(summary: dict, split: str = "train") -> np.ndarray:
+    """[C, K] per-client per-class sample counts of a data summary (data.json)."""
+    key = f"{split}_class_counts"
+    return np.asarray([c[key] for c in summary["clients"]], np.int64)
+
+
+def plot_partition(summary: dict, path: str, title: str = "") -> bool:
+    """Label distribution of a partition (data.json): a clients x classes heatmap
+    of train sample counts (numbers in the cells when they fit) beside each
+    client's train / test sizes. Writes nothing for regression data (no
+    classes); returns whether it wrote the file."""
+    if not summary["clients"] or "train_class_counts" not in summary["clients"][0]:
+        return False
+    counts = class_counts(summary, "train")
+    if counts.ndim != 2 or counts.shape[1] == 0:
+        return False
+    num_clients, num_classes = counts.shape
+    train = np.asarray([c["train"] for c in summary["clients"]])
+    test = np.asarray([c["test"] for c in summary["clients"]])
+    plt = _pyplot()
+    height = min(max(3.2, 0.28 * num_clients + 1.6), 14.0)
+    fig, (ax, bx) = plt.subplots(
+        1, 2, figsize=(max(6.5, 0.45 * num_classes + 4.5), height), gridspec_kw={"width_ratios": [3, 1]}
+    )
+    im = ax.imshow(counts, cmap="Blues", aspect="auto", interpolation="nearest", vmin=0)
+    fig.colorbar(im, ax=ax, label="train samples of the class", shrink=min(1.0, 5.0 / height))
+    if num_clients * num_classes <= 400:
+        top = max(int(counts.max()), 1)
+        for c in range(num_clients):
+            for k in range(num_classes):
+                if counts[c, k]:
+                    color = "white" if counts[c, k] > 0.6 * top else "black"
+                    ax.text(k, c, str(counts[c, k]), ha="center", va="center", fontsize=7, color=color)
+    ax.set(xlabel="class (label the model sees)", ylabel="client")
+    if num_classes <= 30:
+        ax.set_xticks(range(num_classes))
+    if num_clients <= 40:
+        ax.set_yticks(range(num_clients))
+    _title(ax, f"label distribution: {title}" if title else "label distribution", 55)
+    y = np.arange(num_clients)
+    bx.barh(y, train, color="tab:blue", label="train")
+    bx.barh(y, test, left=train, color="tab:orange", label="test")
+    bx.set_ylim(num_clients - 0.5, -0.5)
+    bx.set(xlabel="samples per client", yticks=[])
+    bx.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=9, frameon=False)
+    _save(plt, fig, path)
+    return True
+
+
+def plot_overlay(
+    curves: dict[str, tuple], path: str, title: str = "", ylabel: str = "mean test accuracy"
+) -> None:
+    """Overlaid curves: {label: (rounds [R], mean [R], std [R] or None)}."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for label, (x, mean, std) in curves.items():
-        (line,) = ax.plot(x, mean, label=label)
+        if len(x) == 0:  # e.g. diverged before its first evaluation: in the legend, no curve
+            ax.plot([], [], marker="x", linestyle="none", label=label)
+            continue
+        (line,) = ax.plot(x, mean, marker=".", label=label)
         if std is not None:
             ax.fill_between(x, mean - std, mean + std, alpha=0.15, color=line.get_color())
-    ax.set(xlabel="round", ylabel="mean test accuracy", title=title)
-    _save_round_plot(plt, fig, ax, path)
+    ax.set(xlabel="round", ylabel=ylabel)
+    _title(ax, title)
+    _save_round_plot(plt, fig, ax, path, ncol=min(4, max(1, len(curves))))
+
+
+def plot_overlay_losses(train: dict[str, tuple], test: dict[str, tuple], path: str, title: str = "") -> None:
+    """Train and test loss of several algorithms, side by side (same curve format as plot_overlay)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, curves, name in ((axes[0], train, "train loss (participants)"), (axes[1], test, "test loss")):
+        for label, (x, mean, std) in curves.items():
+            if len(x) == 0:
+                ax.plot([], [], marker="x", linestyle="none", label=label)
+                continue
+            (line,) = ax.plot(x, mean, marker=".", label=label)
+            if std is not None:
+                ax.fill_between(x, mean - std, mean + std, alpha=0.15, color=line.get_color())
+        ax.set(xlabel="round", ylabel=name)
+        _integer_rounds(ax)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), frameon=False, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    _save(plt, fig, path)

@@ -1,5 +1,6 @@
 """Client-level DP: clipping, the noise of the aggregate, accounting, and the no-op setting."""
 
+import inspect
 import math
 
 import chex
@@ -10,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from pfljax import algorithms
 from pfljax.algorithms import fedavg, fedper
 from pfljax.core.local import LocalTraining
 from pfljax.core.privacy import ClientDP, clip_update, epsilon, private_mean_update
@@ -91,3 +93,21 @@ def test_personal_leaves_get_no_noise_and_shared_ones_do():
     )
     assert np.std(body) > 0.5 * 5.0 * 1.0 / len(COUNTS)  # noise std z * S / K on the body
     assert float(m["dp_update_norm"]) > 0
+
+
+@pytest.mark.parametrize("name", [n for n in algorithms.available() if algorithms.supports_privacy(n)])
+def test_every_private_algorithm_is_exact_without_noise_and_noised_with_it(name):
+    model = build_model(algorithms.model_variant(name, "mlp"), (6,), 3, hidden=(8,))
+    build = algorithms.get(name).build
+    uniform = {"weighting": "uniform"} if "weighting" in inspect.signature(build).parameters else {}
+    data = toy_data(COUNTS)
+    plain = build(model, SPEC, clients_per_round=3, client_map="vmap", **uniform)
+    noop = build(model, SPEC, clients_per_round=3, client_map="vmap", privacy=ClientDP(0.0, float("inf")))
+    noisy = build(model, SPEC, clients_per_round=3, client_map="vmap", privacy=ClientDP(1.0, 0.1))
+    s0 = plain.init(jax.random.key(0), None, len(COUNTS))
+    a, _ = jax.jit(plain.round)(s0, data, jax.random.key(1))
+    b, _ = jax.jit(noop.round)(s0, data, jax.random.key(1))
+    c, m = jax.jit(noisy.round)(s0, data, jax.random.key(1))
+    chex.assert_trees_all_close(a, b, rtol=1e-5, atol=1e-6)
+    assert "dp_clipped_fraction" in m and np.isfinite(float(m["dp_update_norm"]))
+    assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(c)))

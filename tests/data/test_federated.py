@@ -127,6 +127,10 @@ def test_fashion_mnist_ten_clients_four_classes_each():
         test_per_class = np.bincount(yte, minlength=10)
         assert np.abs(test_per_class - 0.2 * per_class).max() <= 1
         assert np.asarray(train.x[c, : info["train"]]).max() <= 1.0
+        # data.json's per-class counts are the arrays' (what the model trains and is tested on).
+        assert info["train_class_counts"] == np.bincount(ytr, minlength=10).tolist()
+        assert info["test_class_counts"] == test_per_class.tolist()
+        assert sum(info["train_class_counts"]) == info["train"]
 
 
 @needs_fmnist
@@ -148,6 +152,11 @@ def test_fashion_mnist_groups_relabelled_with_permuted_clients():
         # The group's map sends its sorted source classes to 0, 1, 2.
         lm = np.array(info["label_map"])
         np.testing.assert_array_equal(lm[sorted(src[c])], [0, 1, 2])
+        # Per-class counts over the relabelled (model) labels 0..2, as in the arrays.
+        for split in ("train", "test"):
+            arrays = fd.data.train if split == "train" else fd.data.test
+            want = np.bincount(labels_of(arrays, c), minlength=3).tolist()
+            assert info[f"{split}_class_counts"] == want and len(want) == 3
         assert np.all(lm[sorted(set(range(10)) - src[c])] == -1)
     # Same relabelled label means different source classes across groups.
     assert s["clients"][0]["label_map"] != s["clients"][2]["label_map"]
@@ -227,5 +236,6 @@ def test_regression_source_keeps_real_targets():
     assert fd.data.train.y.dtype == np.float32 and fd.data.train.y.shape[-1] == 1
     np.testing.assert_array_equal(np.asarray(fd.data.train.count) + np.asarray(fd.data.test.count), 30)
     assert np.all(np.abs(np.asarray(fd.data.train.y)) <= 1.6)  # sin + small noise, not class ids
+    assert all(c["train_class_counts"] == [] == c["test_class_counts"] for c in fd.summary["clients"])
     with pytest.raises(ValueError, match="permute_labels"):
         build_federated_data("sine", 4, permute_labels="client")

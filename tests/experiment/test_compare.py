@@ -1,5 +1,6 @@
 """experiments/compare.py: same data for every algorithm, table of mean +- std over seeds, overlay plot."""
 
+import csv
 import json
 import os
 import subprocess
@@ -35,6 +36,13 @@ def test_compare_two_algorithms_two_seeds(tmp_path):
         finals = np.asarray([r["final_mean_accuracy"] for r in runs])
         np.testing.assert_allclose(results[name]["final_mean_accuracy"]["mean"], finals.mean(), rtol=1e-9)
         np.testing.assert_allclose(results[name]["final_mean_accuracy"]["std"], finals.std(), rtol=1e-9)
+        assert results[name]["final_mean_accuracy"]["values"] == finals.tolist()  # every seed's value
+        assert results[name]["status"] == ["completed", "completed"]
+        csv_rows = [
+            r for r in csv.DictReader(open(os.path.join(workdir, "results.csv"))) if r["algorithm"] == name
+        ]
+        assert [(int(r["seed"]), r["status"]) for r in csv_rows] == [(0, "completed"), (1, "completed")]
+        assert [float(r["final_mean_accuracy"]) for r in csv_rows] == finals.tolist()
         cell = f"{100 * finals.mean():.2f} +- {100 * finals.std():.2f}"
         assert any(line.startswith(f"| {name} | {cell} |") for line in table.splitlines()), table
     # Same partition for both algorithms at a seed.
@@ -44,4 +52,13 @@ def test_compare_two_algorithms_two_seeds(tmp_path):
         ]
         assert data[0] == data[1]
     assert results["local"]["bytes_up_total"]["mean"] == 0 < results["fedavg"]["bytes_up_total"]["mean"]
-    assert is_png(os.path.join(workdir, "accuracy.png"))
+    assert is_png(os.path.join(workdir, "accuracy.png")) and is_png(os.path.join(workdir, "loss.png"))
+    assert table.startswith(
+        "simulation, 6 clients, per-client generator, 2 rounds; mean +- std over seeds [0, 1]"
+    )
+    # A log line when each run starts and ends, and one at the end.
+    starts = [line.split("] compare: ")[1] for line in proc.stderr.splitlines() if "] compare: run " in line]
+    assert starts[0] == f"run 1/4: fedavg seed 0 -> {workdir}/fedavg/seed_0"
+    assert starts[1].startswith("run 1/4 done: fedavg seed 0, final mean acc ")
+    assert len(starts) == 8 and starts[-1].startswith("run 4/4 done: local seed 1")
+    assert "] compare: 4 runs in " in proc.stderr and f"(0 diverged); results in {workdir}" in proc.stderr

@@ -35,3 +35,96 @@ def test_renamed_option_names_the_new_one():
     assert algorithms.renamed_option("fedper", "personal_layers") == "local_layers"
     assert algorithms.renamed_option("fedper", "local_layers") is None
     assert algorithms.renamed_option("nosuch", "x") is None
+
+
+def test_auto_training_fields_resolve_per_algorithm():
+    fedavg, notes = C.resolve(C.base_config())
+    assert (fedavg.optimizer, fedavg.learning_rate, fedavg.momentum) == ("sgd", 0.05, 0.9) and notes == []
+    config = C.base_config()
+    config.algorithm = "federico"
+    federico, notes = C.resolve(config)
+    assert (federico.optimizer, federico.learning_rate, federico.momentum) == ("adam", 1e-3, 0.0)
+    assert notes[0].startswith("federico: optimizer=adam, learning_rate=0.001, momentum=0 (FedeRiCo's paper")
+    assert "--config.optimizer" in notes[0]
+    assert config.optimizer == "auto" and config.learning_rate is None  # the input is not changed
+    config.learning_rate, config.optimizer = 0.3, "sgd"  # explicit values win
+    federico, _ = C.resolve(config)
+    assert (federico.optimizer, federico.learning_rate, federico.momentum) == ("sgd", 0.3, 0.9)
+    config = C.base_config()
+    config.algorithm = "pfedme"  # plain SGD, as in its paper: no momentum
+    pfedme, notes = C.resolve(config)
+    assert (pfedme.optimizer, pfedme.learning_rate, pfedme.momentum) == ("sgd", 0.05, 0.0)
+    assert notes[0].startswith("pfedme: optimizer=sgd, learning_rate=0.05, momentum=0 (pFedMe's paper")
+    config.optimizer = "adam"  # another optimizer: its own defaults
+    assert C.resolve(config)[0].learning_rate == 1e-3
+
+
+def test_switching_the_model_drops_the_default_mlp_kwargs_only():
+    config = C.base_config()
+    config.model = "cnn"
+    resolved, notes = C.resolve(config)
+    assert resolved.model_kwargs.to_dict() == {} and "cnn" in notes[0]
+    config.model_kwargs.hidden = (8,)  # not the default: refused, naming the model's arguments
+    with pytest.raises(
+        C.ConfigError, match=r"model_kwargs.hidden is not an argument of model 'cnn'.*channels="
+    ):
+        C.resolve(config)
+    config.model = "mlp"
+    config.model_kwargs.hidden = ("a",)
+    with pytest.raises(C.ConfigError, match=r"model_kwargs.hidden=\['a'\] must be a tuple like \(200,\)"):
+        C.resolve(config)
+
+
+def test_the_run_says_which_data_and_why(monkeypatch):
+    config = C.base_config()
+    config.dataset = "fashion_mnist"
+    assert C.data_note(config) == f"data: Fashion-MNIST from the IDX files in {C.IDX_DIR}"
+    monkeypatch.setattr(C, "fashion_mnist_available", lambda data_dir=C.IDX_DIR: False)
+    fallback = C.base_config()
+    assert (fallback.dataset, fallback.partition, fallback.samples_per_client) == ("simulation", "iid", 0)
+    note = C.data_note(fallback)
+    assert (
+        "not in /usr/share/datasets/fashion-mnist" in note and "apt-get install dataset-fashion-mnist" in note
+    )
+    assert "--config.data_dir=DIR" in note
+    fallback.partition = "dirichlet"  # README's example on a machine without the files
+    with pytest.raises(C.ConfigError, match="partition must be 'iid'.*apt-get install dataset-fashion-mnist"):
+        C.make_data(fallback)
+
+
+def test_a_cap_no_client_reaches_is_reported():
+    config = C.base_config()
+    config.dataset, config.partition, config.num_clients = "simulation", "iid", 5
+    config.source.samples_per_client, config.source.d, config.source.m = 40, 4, 4
+    config.samples_per_client = 1000
+    fed = C.make_data(config)
+    (line,) = C.data_warnings(config, fed)
+    assert line.startswith(
+        "config.samples_per_client=1000 is a cap, and no client reaches it: 200 samples over 5"
+    )
+    assert "40..40" in line
+    config.samples_per_client = 30
+    assert C.data_warnings(config, C.make_data(config)) == []
+
+
+def test_an_unknown_tfds_name_is_one_short_line_with_close_names(monkeypatch):
+    """TFDS lists all its ~450 data sets in the error: cut to the closest names.
+    (tensorflow_datasets is replaced by a stub: importing it takes seconds.)"""
+    import sys  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    names = ["cifar10", "cifar100", "cifar10_corrupted", "mnist", *[f"set_{i}" for i in range(440)]]
+    monkeypatch.setitem(
+        sys.modules, "tensorflow_datasets", types.SimpleNamespace(list_builders=lambda: names)
+    )
+    config = C.base_config()
+    config.dataset = "tfds:cifar1O"
+    long = ValueError(
+        "dataset='tfds:cifar1O' is not a TFDS data set known to tensorflow_datasets: " + "x\n" * 4000
+    )
+    e = C._data_error(config, long)
+    assert str(e) == (
+        "config.dataset='tfds:cifar1O': TFDS has no data set 'cifar1O' "
+        "(did you mean 'cifar10' or 'cifar100'?) "
+        "(444 known: tfds.list_builders())"
+    )

@@ -1,5 +1,6 @@
 """experiments/main.py as a user runs it: every output file, then bad input -> exit 2."""
 
+import csv
 import json
 import os
 import struct
@@ -73,6 +74,11 @@ def test_smoke_every_output_then_bad_input(tmp_path):
     proc = run_main(*TINY_FLAGS, f"--workdir={workdir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "final mean accuracy" in proc.stdout
+    # Not a terminal: provenance and one log line per evaluation on stderr.
+    assert "] data: the FedFac simulation (generated, no files)" in proc.stderr
+    progress = [line for line in proc.stderr.splitlines() if "] fedavg round " in line]
+    assert [line.split("] fedavg round ")[1].split(":")[0] for line in progress] == ["1/2", "2/2"]
+    assert all("mean acc" in line and "s/round, ETA" in line for line in progress)
 
     config = json.load(open(os.path.join(workdir, "config.json")))
     assert config["num_clients"] == 6 and config["rounds"] == 2 and config["algorithm"] == "fedavg"
@@ -92,24 +98,39 @@ def test_smoke_every_output_then_bad_input(tmp_path):
         assert is_png(os.path.join(workdir, png))
     data = json.load(open(os.path.join(workdir, "data.json")))
     assert len(data["clients"]) == 6
+    for c in data["clients"]:
+        assert sum(c["train_class_counts"]) == c["train"] and sum(c["test_class_counts"]) == c["test"]
+    assert is_png(os.path.join(workdir, "partition.png"))
+    with open(os.path.join(workdir, "metrics.csv")) as f:
+        table = list(csv.DictReader(f))
+    assert [int(r["round"]) for r in table] == [1, 2]
+    for row, logged in zip(table, rows):
+        for key in ("train_loss", "mean_accuracy", "worst10_accuracy", "bytes_up"):
+            assert float(row[key]) == logged[key], key
+    assert summary["status"] == "completed"
     assert os.path.exists(os.path.join(workdir, "traces.jsonl"))
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2"]
     scalars = tensorboard_scalars(os.path.join(workdir, "tensorboard"))
     assert [step for step, _ in scalars["mean_accuracy"]] == [1, 2]
     assert scalars["mean_accuracy"][-1][1] == pytest.approx(summary["final_mean_accuracy"], rel=1e-6)
 
-    # Bad input: one line on stderr naming the field, exit code 2, nothing trained.
-    for args, field in [
-        (["--config.learning_rate=0.5", "--config.rounds=3"], "learning_rate"),  # other config's checkpoint
-        (["--config.bogus=1"], "bogus"),
-        (["--config.clients_per_round=9"], "clients_per_round"),
-        (["--config.fedper.personal_layers=2"], "--config.fedper.local_layers"),  # renamed option
-    ]:
-        proc = run_main(*TINY_FLAGS, *args, f"--workdir={workdir}")
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], proc.stderr
+    # Another config on this workdir: one line naming the field and both values, exit code 2,
+    # nothing trained (every other bad input: tests/experiment/test_cli.py).
+    proc = run_main(*TINY_FLAGS, "--config.learning_rate=0.5", "--config.rounds=3", f"--workdir={workdir}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --workdir="), proc.stderr
+    assert "learning_rate: 0.05 there, 0.5 now" in lines[0]
     assert len(open(os.path.join(workdir, "metrics.jsonl")).readlines()) == 2
+
+    # More rounds on the same workdir: resumed, and said so.
+    proc = run_main(*TINY_FLAGS, "--config.rounds=3", f"--workdir={workdir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fedavg: resumed from round 2 of 3" in proc.stderr
+    assert [
+        line.split("] fedavg round ")[1][:3] for line in proc.stderr.splitlines() if "] fedavg round " in line
+    ] == ["3/3"]
+    assert len(open(os.path.join(workdir, "metrics.csv")).read().splitlines()) == 1 + 3
 
 
 def test_fedfac_new_client_accuracies_reach_the_summary(tmp_path):

@@ -22,3 +22,26 @@ def test_quickstart_notebook_executes(monkeypatch):
     assert "final" in text and "per client" in text
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 2
+
+
+def test_install_cell_installs_this_clone_where_pfljax_is_missing(monkeypatch, tmp_path):
+    """The first cell, where pfljax is not importable: `pip install -e <clone>[experiments]`
+    from inside the clone, a clear error elsewhere (no placeholder repository URL)."""
+    import importlib.util  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    import pytest  # noqa: PLC0415
+
+    nb = nbformat.read(os.path.join(ROOT, "experiments", "notebooks", "quickstart.ipynb"), as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code")
+    assert "github.com" not in cell and "YOUR-ORG" not in cell
+    calls = []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(subprocess, "check_call", calls.append)
+    monkeypatch.chdir(os.path.join(ROOT, "experiments", "notebooks"))
+    exec(compile(cell, "quickstart.ipynb", "exec"), {})  # noqa: S102
+    assert calls == [[sys.executable, "-m", "pip", "install", "-q", "-e", f"{ROOT}[experiments]"]]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match="not inside a clone of its repository: clone it"):
+        exec(compile(cell, "quickstart.ipynb", "exec"), {})  # noqa: S102

@@ -28,6 +28,9 @@ def rows(workdir: str) -> list[dict]:
 def test_resume_after_kill_equals_uninterrupted_and_runs_reproduce(tmp_path):
     full, again, killed = (str(tmp_path / d) for d in ("full", "again", "killed"))
     reference = train_and_evaluate(tiny_config(base_config(), rounds=4, clients_per_round=4), full)
+    assert reference["status"] == "completed" and read_json(os.path.join(full, "summary.json"))["status"] == (
+        "completed"
+    )
     # Same config and seed: identical numbers.
     assert numbers(train_and_evaluate(tiny_config(base_config(), rounds=4, clients_per_round=4), again)) == (
         numbers(reference)
@@ -104,12 +107,12 @@ def test_hooks_traces_and_extra_metrics(tmp_path, monkeypatch):
         ("algorithm", "nope", "config.algorithm must be one of"),
         ("model", "resnet1000", "config.model must be one of"),
         ("dataset", "nope", "dataset='nope' is unknown"),
-        ("clients_per_round", 7, r"config.clients_per_round must be in \[0, num_clients=6\]"),
+        ("clients_per_round", 7, r"config.clients_per_round must be in \[0, 6\] \(num_clients=6"),
         ("rounds", 0, "config.rounds must be >= 1"),
         ("optimizer", "lion", "config.optimizer must be one of"),
         ("bogus_field", 1, "config.bogus_field is not a known config field"),
-        ("fedavg.bogus", 1, "config.fedavg.bogus is not an option of fedavg.build"),
-        ("fedavg.weighting", "median", "config.fedavg: weighting must be one of"),
+        ("fedavg.bogus", 1, "config.fedavg.bogus is not an option of fedavg; its options: local_leaves"),
+        ("fedavg.weighting", "median", "config.fedavg.weighting='median': weighting must be one of"),
     ],
 )
 def test_bad_input_is_a_config_error_naming_the_field(tmp_path, field, value, match):
@@ -122,3 +125,74 @@ def test_bad_input_is_a_config_error_naming_the_field(tmp_path, field, value, ma
     with pytest.raises(ConfigError, match=match):
         train_and_evaluate(config, str(tmp_path / "run"))
     assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")  # nothing trained
+
+
+def test_a_diverging_run_stops_at_that_round_and_keeps_its_outputs(tmp_path):
+    """SGD at lr 1e4: the loss overflows within a few rounds. The run stops at the
+    first non-finite round, says so, and keeps what it wrote before; rerunning
+    resumes from the last checkpoint and diverges at the same round."""
+    workdir = str(tmp_path / "run")
+
+    def config():
+        return tiny_config(base_config(), rounds=8, learning_rate=1e4, checkpoint_every=2)
+
+    summary = train_and_evaluate(config(), workdir)
+    r = summary["diverged_round"]
+    assert summary["status"] == "diverged" and 1 < r <= 8, summary
+    assert summary["final_mean_accuracy"] is None and summary["per_client_accuracy"] is None
+    message = summary["divergence"]
+    assert message.startswith(f"fedavg diverged at round {r} of 8 (")
+    for knob in ("optimizer=sgd", "learning_rate=10000", "momentum=0.9", "fedavg.server_lr=1.0"):
+        assert knob in message, knob
+    written = read_json(os.path.join(workdir, "summary.json"))
+    assert written["status"] == "diverged" and written["diverged_round"] == r
+    logged = JsonlLog(os.path.join(workdir, "metrics.jsonl")).rows()
+    assert [row["round"] for row in logged] == list(range(1, r))  # every finite round, nothing after
+    assert written["last_evaluation"]["round"] == r - 1
+    kept = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")))
+    assert kept == [c for c in (2, 4, 6) if c < r][-2:]  # the last good checkpoints (keep=2)
+    csv_rounds = [
+        line.split(",")[0] for line in open(os.path.join(workdir, "metrics.csv")).read().splitlines()
+    ]
+    assert csv_rounds == ["round", *map(str, range(1, r))]
+    again = train_and_evaluate(config(), workdir)
+    assert (again["status"], again["diverged_round"]) == ("diverged", r)
+    assert [row["round"] for row in JsonlLog(os.path.join(workdir, "metrics.jsonl")).rows()] == list(
+        range(1, r)
+    )
+
+
+def test_client_level_dp_reports_epsilon_and_stops_at_the_budget(tmp_path):
+    from pfljax.core.privacy import epsilon  # noqa: PLC0415
+
+    config = tiny_config(base_config(), rounds=6, clients_per_round=3)
+    config.dp.enabled, config.dp.noise_multiplier, config.dp.clip_norm = True, 1.0, 0.5
+    budget = (epsilon(1.0, 6, 3, 3, 6**-1.1) + epsilon(1.0, 6, 3, 4, 6**-1.1)) / 2
+    config.dp.target_epsilon = budget
+    workdir = str(tmp_path / "dp")
+    summary = train_and_evaluate(config, workdir)
+    assert summary["status"] == "privacy_budget_reached" and summary["rounds_run"] == 3
+    rows = JsonlLog(os.path.join(workdir, "metrics.jsonl")).rows()
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["dp_epsilon"] == pytest.approx(epsilon(1.0, 6, 3, r["round"], 6**-1.1), rel=1e-9)
+        assert 0 <= r["dp_clipped_fraction"] <= 1
+    assert summary["dp_epsilon"] == pytest.approx(rows[-1]["dp_epsilon"]) and summary["dp_epsilon"] <= budget
+    assert summary["dp_delta"] == pytest.approx(6**-1.1)
+
+
+def test_dp_is_refused_for_an_algorithm_that_mixes_client_models(tmp_path):
+    config = tiny_config(base_config(), algorithm="pfedla")
+    config.dp.enabled = True
+    with pytest.raises(ConfigError, match="config.dp.enabled: pfedla does not support client-level DP"):
+        train_and_evaluate(config, str(tmp_path / "run"))
+
+
+def test_best_mean_over_ten_consecutive_evaluations():
+    from pfljax.experiment.train import best_window_mean  # noqa: PLC0415
+
+    values = [0.1] * 5 + [0.9] * 10 + [0.2] * 5
+    assert best_window_mean(values) == pytest.approx(0.9)
+    assert best_window_mean([0.5, 0.7]) == pytest.approx(0.6)  # fewer than 10: all of them
+    assert best_window_mean(list(range(12))) == pytest.approx(np.mean(range(2, 12)))
+    assert best_window_mean([]) is None

@@ -1,0 +1,100 @@
+"""pfljax-compare: several algorithms on the same partition and seeds, then tables and plots.
+
+    pfljax-compare --config=default --algorithms=fedavg,local --seeds=0,1,2 --workdir=runs/cmp
+    python -m pfljax.experiment.compare_main ...   (the same; in the repository also
+    python -m experiments.compare --config=experiments/configs/default.py ...)
+
+Each run goes to <workdir>/<algorithm>/seed_<s>/ (resumable, as pfljax-run);
+results.md (mean +- std over seeds), results.json and results.csv (every
+seed's value and status), accuracy.png and loss.png go to <workdir>. A log line
+when each run starts and ends. This is what `make demo` runs.
+Exit codes: 0 every run completed; 2 bad input (one line, nothing trained);
+3 some run diverged (the table marks it; the other runs completed).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from pfljax.experiment.cli import EXIT_DIVERGED, fail, parse_flags, set_usage, start
+
+USAGE = __doc__
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "config file path.py[:argument], or a shipped config's name (see --help); "
+    "override fields with --config.<field>=value",
+    lock_config=True,
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "output directory")
+_ALGORITHMS = flags.DEFINE_list("algorithms", ["fedavg", "local"], "algorithms to compare (comma-separated)")
+_SEEDS = flags.DEFINE_list("seeds", ["0"], "seeds (comma-separated integers >= 0)")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "multi-host: jax.distributed.initialize() first (see BUILD.md)"
+)
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def parse_seeds(values: list[str]) -> list[int]:
+    given = ",".join(values)
+    try:
+        seeds = [int(s) for s in values]
+    except ValueError:
+        fail(f"--seeds={given}: seeds must be comma-separated integers >= 0, e.g. --seeds=0,1,2")
+    if not seeds:
+        fail("--seeds is empty: give comma-separated integers >= 0, e.g. --seeds=0,1,2")
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        fail(f"--seeds={given}: seeds must be distinct integers >= 0")
+    return seeds
+
+
+def parse_algorithms(values: list[str]) -> list[str]:
+    from pfljax import algorithms  # pylint: disable=import-outside-toplevel
+    from pfljax.experiment.config import close_names  # pylint: disable=import-outside-toplevel
+
+    given = ",".join(values)
+    if not values:
+        fail(f"--algorithms is empty: give comma-separated names from {algorithms.available()}")
+    for name in values:
+        if name not in algorithms.available():
+            fail(
+                f"--algorithms={given}: {name!r} is not an algorithm"
+                f"{close_names(name, algorithms.available())}; "
+                f"allowed: {', '.join(algorithms.available())}"
+            )
+    if len(set(values)) != len(values):
+        fail(f"--algorithms={given}: an algorithm is named twice")
+    return list(values)
+
+
+def main(argv):
+    start(argv, _DISTRIBUTED.value)
+    from pfljax.experiment import ConfigError, compare  # pylint: disable=import-outside-toplevel
+
+    seeds = parse_seeds(_SEEDS.value)
+    names = parse_algorithms(_ALGORITHMS.value)
+    try:
+        out = compare(_CONFIG.value, names, seeds, _WORKDIR.value)
+    except (ConfigError, ValueError) as e:
+        fail(str(e))
+    print(out["table"])
+    if out["diverged"]:
+        runs = ", ".join(f"{a} seed {s} at round {r}" for a, s, r in out["diverged"])
+        fail(
+            f"{len(out['diverged'])} of {len(names) * len(seeds)} runs diverged ({runs}); "
+            f"see their summary.json 'divergence' and results.md",
+            EXIT_DIVERGED,
+        )
+
+
+def run() -> None:
+    """Entry point of the `pfljax-compare` console script."""
+    set_usage(USAGE, sys.argv)
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    run()
