@@ -49,6 +49,8 @@ OPTIONS = {
     "base, head mixed": dict(head_local=False),
     "base, other leaves mixed (release)": dict(other_leaves="mixed"),
     "beta": dict(variant="beta"),
+    "beta without mu (Fig. 8 ablation)": dict(variant="beta", use_mu=False),
+    "matching=fedavg (Fig. 8 ablation, no v uploaded)": dict(matching="fedavg"),
 }
 
 
@@ -75,6 +77,8 @@ def bytes_rows(name: str, case: dict) -> None:
             variant=kw.get("variant", "base"),
             head_local=kw.get("head_local", True),
             other_leaves=kw.get("other_leaves", "local"),
+            use_mu=kw.get("use_mu", True),
+            upload_match=kw.get("matching", "similarity") != "fedavg",
         )
         up = factorized_fl.flagged_bytes(template, uploaded)
         down = factorized_fl.flagged_bytes(template, mixed)

@@ -82,3 +82,16 @@ def stream_batch(key, b, count, n_max, batch_size):
     from pfljax.core.local import LocalTraining, step_batch  # pylint: disable=import-outside-toplevel
 
     return step_batch(LocalTraining(optax.sgd(0.0), batch_size=batch_size, steps=1), key, b, count, n_max)[:2]
+
+
+def mean(scores, name):
+    """Test-size-weighted mean of a per-client metric."""
+    return np.average(scores[name], weights=scores["count"])
+
+
+def same_rule_data(n, clients):
+    """Train and test rows of every client drawn from one labelling rule (n rows each):
+    for checks that a method learns (toy_data's test rows follow another rule)."""
+    a = toy_arrays([2 * n] * clients)
+    half = lambda rows: ClientArrays(a.x[:, rows], a.y[:, rows], jnp.full((clients,), n, jnp.int32))  # noqa: E731
+    return ClientData(half(slice(0, n)), half(slice(n, None)))

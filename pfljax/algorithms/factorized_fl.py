@@ -42,6 +42,27 @@ Paper vs released code (wyjeong/Factorized-FL), each a switch here:
   (momentum) persists across rounds; here it restarts each round, as in every
   pfljax algorithm.
 
+Ablations of the paper's Fig. 8 (options of `build`; the defaults are the method):
+- `matching`: whom each client averages u with. "similarity" (the method);
+  "fedavg", the factorized model under plain FedAvg: every participant gets the
+  same sample-weighted average n_j / sum_k n_k (no similarity, the match layer's
+  v is not uploaded; with variant="beta" and other_leaves="mixed" every leaf but
+  a local head and BatchNorm statistics is averaged); "random" and "worst"
+  change whom a client averages with, not how much: it keeps itself and its
+  similarity weights, but the weights of its most similar others go to others
+  drawn at random each round / to the least similar ones (`matching_weights`).
+  The stored copies of the paper available here do not give Fig. 8's text, so
+  these definitions are ours, stated; the released code has no ablation switches.
+- `use_mu=False`: no sparse bias: mu is held at zero (zeroed at init, replaced
+  by zeros in the forward pass, so it has no gradient), never mixed nor sent.
+- sparsity against lambda: `lambda_sparse` (0 trains mu without the L1 term).
+  The subgradient does not make mu exactly zero: an entry the data no longer
+  pulls on steps across zero by about lr * lambda_sparse (over 1 - momentum
+  with momentum) each step, so "sparse" is the release's count (non-zero and
+  |mu| >= lambda_sparse, `mu_density`), which is not monotone in a fixed
+  threshold at large lambda.
+Measured on Fashion-MNIST: experiments/results/factorized_fl_ablations.md.
+
 Scenario settings of the release (tau, epsilon, min_keep): label
 heterogeneity (0, 1, 10 permuted / 20 not permuted, of 20 clients), domains
 (0.95, 20, 4); lambda_sparse 5e-4, rank 1 (experiments/configs/factorized_fl_*).
@@ -70,6 +91,8 @@ from pfljax.models.base import Model
 from pfljax.models.factorized import is_factorized_layer, materialize
 
 VARIANTS = ("base", "beta")
+MATCHINGS = ("similarity", "fedavg", "random", "worst")
+RANDOM_MATCH_STREAM = 0x4D  # random matching draws from fold_in(sample_key, RANDOM_MATCH_STREAM)
 SPARSITY = ("subgradient", "code")
 OTHER_LEAVES = ("local", "mixed")
 FACTORIZED_MODELS = {
@@ -133,6 +156,28 @@ def prune_mu(variables: Any, threshold: float) -> Any:
     return walk(variables)
 
 
+def zero_mu(variables: Any) -> Any:
+    """`variables` with every mu replaced by zeros (no gradient reaches mu)."""
+
+    def walk(node):
+        if is_factorized_layer(node):
+            return {**node, "mu": jnp.zeros_like(node["mu"])}
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        return node
+
+    return walk(variables)
+
+
+def without_mu(apply_fn: Callable) -> Callable:
+    """`apply_fn` on the variables with mu zeroed (`use_mu=False`)."""
+
+    def apply(variables, *args, **kwargs):
+        return apply_fn(zero_mu(variables), *args, **kwargs)
+
+    return apply
+
+
 def similarity_weights(
     v: jax.Array,
     *,
@@ -176,6 +221,69 @@ def similarity_weights(
     return jnp.where(total > 0, scores / jnp.where(total > 0, total, 1.0), 0.0)
 
 
+def fedavg_weights(counts: jax.Array, participating: jax.Array | None = None) -> jax.Array:
+    """[C, C] plain FedAvg mixing: every participant's row is n_j / sum_k n_k over
+    the participants j (train sizes `counts` [C]); zero rows for the others."""
+    num = counts.shape[0]
+    part = jnp.ones((num,), bool) if participating is None else participating.astype(bool)
+    n = jnp.where(part, counts.astype(jnp.float32), 0.0)
+    row = n / jnp.maximum(jnp.sum(n), 1e-12)
+    return jnp.where(part[:, None], jnp.broadcast_to(row, (num, num)), 0.0)
+
+
+def matching_weights(
+    v: jax.Array,
+    *,
+    matching: str,
+    tau: float,
+    epsilon: float,
+    min_keep: int,
+    participating: jax.Array | None = None,
+    counts: jax.Array | None = None,
+    key: jax.Array | None = None,
+) -> jax.Array:
+    """The mixing matrix of a `matching` rule (the Fig. 8 ablations).
+
+    "similarity": `similarity_weights`. "fedavg": `fedavg_weights(counts)`.
+    "random" / "worst" change whom a client averages with, not how much: row i
+    holds the same weights as the similarity row (its own weight, then the
+    others' in decreasing order), but the k-th largest weight among the others
+    goes to the k-th client of a uniformly random order of the other
+    participants (drawn with `key`) / of the order of increasing similarity
+    (the least similar first). So each client keeps itself, as many clients as
+    the similarity rule keeps, and the same weights.
+
+    Args:
+      v, tau, epsilon, min_keep, participating: as `similarity_weights`.
+      matching: one of MATCHINGS.
+      counts: [C] train sizes (for "fedavg").
+      key: PRNG key (for "random").
+
+    Returns:
+      [C, C] float32, rows summing to 1 for participants, zero rows otherwise.
+    """
+    if matching not in MATCHINGS:
+        raise ValueError(f"matching must be one of {MATCHINGS}, got {matching!r}")
+    if matching == "fedavg":
+        return fedavg_weights(counts, participating)
+    similar = similarity_weights(v, tau=tau, epsilon=epsilon, min_keep=min_keep, participating=participating)
+    if matching == "similarity":
+        return similar
+    num = v.shape[0]
+    v = v.reshape(num, -1).astype(jnp.float32)
+    unit = v / jnp.maximum(jnp.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+    eye = jnp.eye(num, dtype=bool)
+    part = jnp.ones((num,), bool) if participating is None else participating.astype(bool)
+    valid = part[:, None] & part[None, :]
+    # Row i's weights in decreasing order: its own (sigma_ii = 1 is the largest), then the others'.
+    ranked = -jnp.sort(-similar, axis=1)
+    order = unit @ unit.T if matching == "worst" else jax.random.uniform(key, (num, num))
+    # Rank of j among i's participants by increasing `order`, itself first, non-participants last.
+    score = jnp.where(eye, -jnp.inf, jnp.where(valid, order, jnp.inf))
+    rank = jnp.argsort(jnp.argsort(score, axis=1, stable=True), axis=1)
+    return jnp.where(valid, jnp.take_along_axis(ranked, rank, axis=1), 0.0)
+
+
 def layer_order(model: Model) -> list[str]:
     """Names (e.g. "conv_7", "head") of the factorized layers in call order
     (`pfljax.core.layers.param_order`, keeping the layers with u, v and mu)."""
@@ -183,15 +291,24 @@ def layer_order(model: Model) -> list[str]:
     return [name for name in param_order(model) if is_factorized_layer(params[name])]
 
 
-def leaf_roles(template: Any, match_layer: str, *, variant: str, head_local: bool, other_leaves: str):
+def leaf_roles(
+    template: Any,
+    match_layer: str,
+    *,
+    variant: str,
+    head_local: bool,
+    other_leaves: str,
+    use_mu: bool = True,
+    upload_match: bool = True,
+):
     """Per-leaf booleans (pytrees like `template`): mixed by the server; uploaded.
 
-    Mixed: u (with "beta" also v and mu) of every layer, plus the other
-    "params" leaves with other_leaves="mixed"; never the head with head_local,
-    never non-"params" collections. Uploaded: the mixed leaves and the match
-    layer's v.
+    Mixed: u (with "beta" also v and, with use_mu, mu) of every layer, plus the
+    other "params" leaves with other_leaves="mixed"; never the head with
+    head_local, never non-"params" collections. Uploaded: the mixed leaves and,
+    with upload_match (every matching but "fedavg"), the match layer's v.
     """
-    factor_names = ("u", "v", "mu") if variant == "beta" else ("u",)
+    factor_names = (("u", "v", "mu") if use_mu else ("u", "v")) if variant == "beta" else ("u",)
 
     def mixed(path, _):
         parts = P.path_str(path).split("/")
@@ -204,7 +321,7 @@ def leaf_roles(template: Any, match_layer: str, *, variant: str, head_local: boo
     is_mixed = jax.tree_util.tree_map_with_path(mixed, template)
     match_v = f"params/{match_layer}/v"
     uploaded = jax.tree_util.tree_map_with_path(
-        lambda p, _, m: m or P.path_str(p) == match_v, template, is_mixed
+        lambda p, _, m: m or (upload_match and P.path_str(p) == match_v), template, is_mixed
     )
     return is_mixed, uploaded
 
@@ -217,8 +334,10 @@ def flagged_bytes(tree: Any, flags: Any) -> int:
 class FactorizedFLHyper(NamedTuple):
     """What the pieces of a Factorized-FL round need (see `build` for the options).
 
-    train: the local trainer (with the L1 penalty or not); is_mixed: bool tree of
-    the mixed leaves; dense_bytes: one unfactorized model (the FedAvg figure).
+    train: the local trainer (with the L1 penalty or not; with use_mu=False on
+    the model with mu zeroed); is_mixed: bool tree of the mixed leaves;
+    dense_bytes: one unfactorized model (the FedAvg figure); matching: one of
+    MATCHINGS.
     """
 
     train: Callable
@@ -229,10 +348,15 @@ class FactorizedFLHyper(NamedTuple):
     min_keep: int
     lambda_sparse: float
     dense_bytes: int
+    matching: str = "similarity"
+    use_mu: bool = True
 
 
-def init(model: Model, key, params_template=None, num_clients: int = 1) -> FactorizedFLState:
+def init(
+    model: Model, key, params_template=None, num_clients: int = 1, *, use_mu: bool = True
+) -> FactorizedFLState:
     params = model.initial(key, params_template)
+    params = params if use_mu else zero_mu(params)
     return FactorizedFLState(
         broadcast(params, num_clients),
         jnp.zeros((num_clients, num_clients), jnp.float32),
@@ -247,14 +371,20 @@ def match_vectors(match_layer: str, client_params: Any) -> jax.Array:
 
 
 def mixing_matrix(hp: FactorizedFLHyper, state: FactorizedFLState, part: Participants) -> jax.Array:
-    """[C, C] this round's `similarity_weights` among the participants, from the
-    last uploaded v of the match layer (zero rows for the others)."""
-    return similarity_weights(
+    """[C, C] this round's `matching_weights` among the participants (default:
+    `similarity_weights` from the last uploaded v of the match layer; "fedavg"
+    from the participants' aggregation weights, their train sizes); zero rows
+    for the others."""
+    counts = jnp.zeros((part.num_clients,), jnp.float32).at[part.ids].set(part.weights)
+    return matching_weights(
         match_vectors(hp.match_layer, state.client_params),
+        matching=hp.matching,
         tau=hp.tau,
         epsilon=hp.epsilon,
         min_keep=hp.min_keep,
         participating=participation_mask(part.ids, part.num_clients),
+        counts=counts,
+        key=jax.random.fold_in(part.sample_key, RANDOM_MATCH_STREAM),
     )
 
 
@@ -277,8 +407,9 @@ def server_update(hp: FactorizedFLHyper, state: FactorizedFLState, trained, weig
     Metrics: fedavg_bytes_up (FedAvg's upload, the materialized unfactorized
     model, for comparison with bytes_up: u of the mixed layers + v of the match
     layer), kept_clients (mean number of clients a participant averages over),
-    mu_density (share of the participants' mu entries with |mu| >= lambda_sparse,
-    i.e. not pruned by the release's rule) and mixing ([C, C], this round's matrix).
+    mu_density (share of the participants' mu entries that are non-zero and
+    have |mu| >= lambda_sparse, i.e. not pruned by the release's rule) and
+    mixing ([C, C], this round's matrix).
     """
     new_state = state._replace(
         client_params=part.scatter(state.client_params, trained),
@@ -287,7 +418,7 @@ def server_update(hp: FactorizedFLHyper, state: FactorizedFLState, trained, weig
     kept = jnp.sum(weights > 0, axis=1).astype(jnp.float32)
     mask = participation_mask(part.ids, part.num_clients)
     mus = mu_leaves(trained["params"])
-    above = sum(jnp.sum(jnp.abs(m) >= hp.lambda_sparse) for m in mus)
+    above = sum(jnp.sum((jnp.abs(m) >= hp.lambda_sparse) & (m != 0)) for m in mus)
     return new_state, {
         "fedavg_bytes_up": jnp.float32(part.k * hp.dense_bytes),
         "kept_clients": jnp.sum(kept * mask) / part.k,
@@ -305,11 +436,15 @@ def step(hp: FactorizedFLHyper, client_map, state: FactorizedFLState, data: Clie
     return new_state, losses, metrics
 
 
-def evaluate(model: Model, client_map, loss, prune: float | None, state: FactorizedFLState, data, key):
-    """Each client's locally trained model (mu pruned below `prune` if given) on its test rows."""
+def evaluate(
+    model: Model, client_map, loss, prune: float | None, state: FactorizedFLState, data, key, use_mu=True
+):
+    """Each client's locally trained model (mu pruned below `prune` if given,
+    zeroed without `use_mu`) on its test rows."""
 
     def variables_of(c):
         params = take(state.client_params, c)
+        params = params if use_mu else zero_mu(params)
         return params if prune is None else prune_mu(params, prune)
 
     return evaluate_clients(model.apply, variables_of, data.test, client_map, loss)
@@ -345,15 +480,27 @@ def final_report(state: FactorizedFLState, fed_data, per_client=None, key=None) 
     return group_ratio(np.asarray(collaboration_matrix(state)), np.asarray(groups))
 
 
-def check_options(variant: str, sparsity: str, other_leaves: str, epsilon, min_keep, lambda_sparse) -> None:
+def check_options(
+    variant: str,
+    sparsity: str,
+    other_leaves: str,
+    epsilon,
+    min_keep,
+    lambda_sparse,
+    matching="similarity",
+    use_mu=True,
+) -> None:
     """ValueError naming the first invalid option of `build`."""
     for name, value, allowed in (
         ("variant", variant, VARIANTS),
         ("sparsity", sparsity, SPARSITY),
         ("other_leaves", other_leaves, OTHER_LEAVES),
+        ("matching", matching, MATCHINGS),
     ):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    if not isinstance(use_mu, (bool, np.bool_)):
+        raise ValueError(f"use_mu must be True or False, got {use_mu!r}")
     if epsilon < 0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
     if min_keep < 1:
@@ -393,6 +540,8 @@ def build(
     head_local: bool = True,
     sparsity: str = "subgradient",
     other_leaves: str = "local",
+    matching: str = "similarity",
+    use_mu: bool = True,
 ) -> Algorithm:
     """Factorized-FL on a factorized model (see `MODEL_VARIANTS`).
 
@@ -413,32 +562,48 @@ def build(
       sparsity: "subgradient" (paper) or "code" (release; see module doc).
       other_leaves: "local" (paper) or "mixed" (release) for biases and
         BatchNorm scale/offset.
+      matching: "similarity" (the method), or a Fig. 8 ablation: "fedavg"
+        (sample-weighted average over all participants, no v uploaded),
+        "random" or "worst" (as many clients as similarity keeps, drawn at
+        random / the least similar; see `matching_weights`).
+      use_mu: False is the "without mu" ablation: mu held at zero, never sent.
 
     Returns:
       Algorithm; round metrics: the standard ones (bytes_up: u of the mixed layers
       + v of the match layer; bytes_down: the mixed leaves) and `server_update`'s.
     """
-    check_options(variant, sparsity, other_leaves, epsilon, min_keep, lambda_sparse)
+    check_options(variant, sparsity, other_leaves, epsilon, min_keep, lambda_sparse, matching, use_mu)
     match_layer = resolve_match_layer(model, match_layer)
     cmap = as_client_map(client_map)
-    regularizer = (lambda p: sparse_penalty(p, lambda_sparse)) if sparsity == "subgradient" else None
-    train = make_local_train(model.apply, local, regularizer=regularizer)
+    use_l1 = sparsity == "subgradient" and use_mu
+    regularizer = (lambda p: sparse_penalty(p, lambda_sparse)) if use_l1 else None
+    train = make_local_train(
+        model.apply if use_mu else without_mu(model.apply), local, regularizer=regularizer
+    )
     template = model.template()
     is_mixed, uploaded = leaf_roles(
-        template, match_layer, variant=variant, head_local=head_local, other_leaves=other_leaves
+        template,
+        match_layer,
+        variant=variant,
+        head_local=head_local,
+        other_leaves=other_leaves,
+        use_mu=use_mu,
+        upload_match=matching != "fedavg",
     )
     dense_bytes = P.tree_bytes(jax.eval_shape(materialize, template))
-    hp = FactorizedFLHyper(train, is_mixed, match_layer, tau, epsilon, min_keep, lambda_sparse, dense_bytes)
-    prune = lambda_sparse if sparsity == "code" else None
+    hp = FactorizedFLHyper(
+        train, is_mixed, match_layer, tau, epsilon, min_keep, lambda_sparse, dense_bytes, matching, use_mu
+    )
+    prune = lambda_sparse if sparsity == "code" and use_mu else None
     return Algorithm(
-        functools.partial(init, model),
+        functools.partial(init, model, use_mu=use_mu),
         federated_round(
             functools.partial(step, hp, cmap),
             clients_per_round=clients_per_round,
             bytes_up=flagged_bytes(template, uploaded),
             bytes_down=flagged_bytes(template, is_mixed),
         ),
-        functools.partial(evaluate, model, cmap, local.loss, prune),
+        functools.partial(evaluate, model, cmap, local.loss, prune, use_mu=use_mu),
         collaboration_matrix,
         final_report,
     )

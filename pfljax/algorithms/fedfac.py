@@ -43,7 +43,13 @@ Paper vs released code (paper is the default, the code an option):
 - Factor analysis: iterated principal-axis factoring ("ipf") vs the code's
   `FactorAnalyzer` (minres: the same least-squares fit, reached by another
   iteration) or, with `--direct_eigDecom`, raw eigenvectors (method="eig",
-  which also keeps G - 1 factors as the code).
+  which also keeps G - 1 factors as the code). "ipf" starts, by default, from
+  squared multiple correlations, as FactorAnalyzer (and psych, SPSS) do, and
+  runs to convergence, so it reaches FactorAnalyzer's solution;
+  `ipf_start="pca"` is the paper's start (sqrt(g_m) u_m), which can end at
+  another stationary point (see `pfljax.core.factor`). Each analysis reports
+  `fa_iterations_<layer>`, `fa_change_<layer>` (the last communality change)
+  and `fa_converged_<layer>` (1.0 or 0.0) in the round's metrics.
 - Threshold: exact rank split (tau_quantile=100 personalizes every unit) vs the
   code's `nu < percentile(nu, q)`; the code's default "mean" threshold is not
   offered.
@@ -76,7 +82,15 @@ from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, client_key, take
 from pfljax.core.evaluate import evaluate_client, evaluate_clients, predict_rows, scores_from_outputs
-from pfljax.core.factor import FactorSplit, check_split_args, factor_split, split_by_rank, unit_observations
+from pfljax.core.factor import (
+    SOLVERS,
+    STARTS,
+    FactorSplit,
+    check_split_args,
+    factor_split,
+    split_by_rank,
+    unit_observations,
+)
 from pfljax.core.layers import param_order
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.losses import Loss, get_loss
@@ -127,6 +141,8 @@ class FedFacHyper(NamedTuple):
     method: str
     max_iter: int
     tol: float
+    ipf_start: str
+    ipf_solver: str
     new_client_fraction: float
     new_client_epochs: int
     layers: tuple  # of _Layer (Lambda)
@@ -195,10 +211,17 @@ def check_options(
     new_client_epochs,
     max_iter,
     tol,
+    ipf_start,
+    ipf_solver,
     **_,
 ) -> None:
     """ValueError naming the first option out of range."""
-    check_split_args(kappa, tau_quantile, method)
+    for name, value, allowed in (("ipf_start", ipf_start, STARTS), ("ipf_solver", ipf_solver, SOLVERS)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    check_split_args(
+        kappa, tau_quantile, method, start=ipf_start, solver=ipf_solver, max_iter=max_iter, tol=tol
+    )
     for name, value, allowed in (
         ("mode", mode, MODES),
         ("split_input", split_input, SPLIT_INPUTS),
@@ -211,8 +234,6 @@ def check_options(
         raise ValueError(f"new_client_fraction must be in [0, 1), got {new_client_fraction!r}")
     if new_client_epochs < 1:
         raise ValueError(f"new_client_epochs must be >= 1, got {new_client_epochs!r}")
-    if max_iter < 1 or tol <= 0:
-        raise ValueError(f"max_iter must be >= 1 and tol > 0, got max_iter={max_iter!r}, tol={tol!r}")
 
 
 def hyper(model: Model, local: LocalTraining, client_map, layers, **options) -> FedFacHyper:
@@ -303,10 +324,14 @@ def new_split(hp: FedFacHyper, key, start: dict, trained: dict) -> tuple[dict, d
                 method=hp.method,
                 max_iter=hp.max_iter,
                 tol=hp.tol,
+                start=hp.ipf_start,
+                solver=hp.ipf_solver,
             )
             out[lay.name] = res.shared
             stats[f"num_factors_{lay.name}"] = res.num_factors
             stats[f"fa_iterations_{lay.name}"] = res.iterations
+            stats[f"fa_change_{lay.name}"] = res.change.astype(jnp.float32)
+            stats[f"fa_converged_{lay.name}"] = res.converged.astype(jnp.float32)
         else:  # random
             out[lay.name] = split_by_rank(
                 jax.random.uniform(jax.random.fold_in(key, i), (lay.units,)), hp.tau_quantile
@@ -315,9 +340,13 @@ def new_split(hp: FedFacHyper, key, start: dict, trained: dict) -> tuple[dict, d
 
 
 def no_new_split(hp: FedFacHyper, state: FedFacState) -> tuple[dict, dict]:
-    """The current split, with zero analysis counts."""
-    zero = jnp.zeros([], jnp.int32)
-    stats = {f"{k}_{lay.name}": zero for lay in hp.layers for k in ("num_factors", "fa_iterations")}
+    """The current split, with zero analysis counts (no analysis: nothing to converge)."""
+    stats = {}
+    for lay in hp.layers:
+        stats[f"num_factors_{lay.name}"] = jnp.zeros([], jnp.int32)
+        stats[f"fa_iterations_{lay.name}"] = jnp.zeros([], jnp.int32)
+        stats[f"fa_change_{lay.name}"] = jnp.zeros([], jnp.float32)
+        stats[f"fa_converged_{lay.name}"] = jnp.ones([], jnp.float32)
     return state.global_shared, (stats if hp.split == "factor" else {})
 
 
@@ -546,8 +575,10 @@ def build(
     server_lr: float = 1.0,
     new_client_fraction: float = 0.0,
     new_client_epochs: int = 1,
-    max_iter: int = 50,
-    tol: float = 1e-3,
+    max_iter: int = 500,
+    tol: float = 1e-6,
+    ipf_start: str = "smc",
+    ipf_solver: str = "lbfgs",
 ) -> Algorithm:
     """FedFac with a factor-analysis split of the units of `layers`.
 
@@ -569,13 +600,18 @@ def build(
       server_lr: step on the mean update of every shared parameter.
       new_client_fraction: share of clients that never train (Sec. 3.2).
       new_client_epochs: local epochs of LocalTrain for new clients.
-      max_iter, tol: bounds of the "ipf" iteration.
+      max_iter, tol: bounds of the "ipf" iteration (principal-axis solves;
+        communality change).
+      ipf_start: "ipf" starting communalities: "smc" (standard, as the released
+        code's FactorAnalyzer) or "pca" (the paper's sqrt(g_m) u_m).
+      ipf_solver: "ipf" steps: "lbfgs" (quasi-Newton) or "plain" (textbook).
     """
     hp = hyper(
         model, local, client_map, layers,
         mode=mode, split=split, split_input=split_input, mask=mask, bias_local=bias_local,
         server_lr=server_lr, kappa=kappa, tau_quantile=tau_quantile, method=method, max_iter=max_iter,
         tol=tol, new_client_fraction=new_client_fraction, new_client_epochs=new_client_epochs,
+        ipf_start=ipf_start, ipf_solver=ipf_solver,
     )  # fmt: skip
     return Algorithm(
         functools.partial(init, hp, model),

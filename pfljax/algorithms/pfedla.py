@@ -42,8 +42,30 @@ port, differs or the paper is silent:
   all-zero row. "relu_normalize" (default) does that, falling back to the
   client's own model on an all-zero row; "softmax" (heads initialised to zero:
   exactly uniform) is the alternative.
-- Hypernetwork: embedding 100, three Dense+ReLU layers of 100, plain SGD lr
-  5e-3 (the code's defaults).
+- Hypernetwork: embedding 100, three Dense+ReLU layers of 100 (the code's).
+- Hypernetwork optimiser (the paper writes the update as a gradient step and
+  gives no rate): default Adam, lr 1e-3; the code's plain SGD at lr 5e-3 is
+  `hn_optimizer="sgd", hn_lr=5e-3`. Why (experiments/results/pfedla_fmnist_sweep.md,
+  Fashion-MNIST non-IID_1, 10 clients, MLP, 40 rounds): an SGD step moves the
+  weights by about hn_lr * lambda * |g|, where g_j = <theta_j - theta_bar_i,
+  -delta_i> is the weights' gradient and lambda the gain of J J^T (J: d alpha /
+  d psi; mean eigenvalue 0.09 at the code's initialisation). |g| grows with the
+  local update's size, so the SGD rate that moves the weights depends on the
+  local learning rate and epochs. At the code's 5e-3 the weights stay where they
+  start: max |alpha - alpha_init| 0.003 after 40 rounds (0.010 after 200),
+  Spearman with label overlap -0.04, accuracy that of FedAvg (76.5 vs 76.5); the
+  same with the public code's CNN sizes on an H100 (weights within [0.074,
+  0.125] for 36 rounds), and in the public code itself (issue 14). SGD at 0.5 moves them at
+  local lr 0.05 (mean move 0.058, Spearman 0.58) but barely at local lr 0.01
+  (0.009) and collapses to Local training at 5 local epochs (mean self-weight
+  0.82). Adam's step does not scale with |g|: at 1e-3 the mean move after 40
+  rounds is 0.030-0.033 and the Spearman 0.66-0.71 at all three local scales.
+  Longer runs drift towards the client's own model under every setting that
+  moves (the gradient is that of the client's own training loss; a weight that
+  reaches 0 under relu_normalize never comes back): Adam 1e-3 self-weight 0.17
+  at round 40, 0.52 at 100, 0.87 at 200.
+  `final_report` reports how far the weights moved (alpha_max_move, ...), so a
+  run whose weights stayed put is visible in summary.json.
 - Clients sampled in one round are processed together from the round's start
   models; the code processes them one after another, later clients already
   mixing earlier clients' new models. Top-k ranks the normalized self-weights
@@ -82,12 +104,15 @@ HEAD_INITS = ("auto",) + hypernet.INITS
 class PFedLAState(NamedTuple):
     """client_params: [C, ...] each client's latest variables (BN stats included);
     client_hn / client_hn_opt: [C, ...] hypernetwork params and optimizer state;
-    client_alpha: [C, L, C] current layer-wise weights alpha_i^{l,j} (after top-k)."""
+    client_alpha: [C, L, C] current layer-wise weights alpha_i^{l,j} (after top-k);
+    client_alpha_init: [C, L, C] the weights of the initial hypernetworks (for
+    `final_report`: how far the weights moved)."""
 
     client_params: Any
     client_hn: dict
     client_hn_opt: Any
     client_alpha: jax.Array
+    client_alpha_init: jax.Array
     round: jax.Array
 
 
@@ -162,6 +187,76 @@ def collaboration_matrix(state: PFedLAState) -> jax.Array:
     return jnp.mean(state.client_alpha, axis=1)
 
 
+def label_overlap(fed_data) -> np.ndarray | None:
+    """[C, C] overlap of the clients' train label distributions, sum_k min(p_i(k), p_j(k))
+    (1 on the diagonal; for clients holding 4 equally frequent classes each, about
+    shared classes / 4). None for regression data or without data."""
+    data = getattr(fed_data, "data", None)
+    if data is None or getattr(fed_data, "task", "classification") != "classification":
+        return None
+    y, count = np.asarray(data.train.y), np.asarray(data.train.count)
+    if y.ndim != 2 or not np.issubdtype(y.dtype, np.integer):
+        return None
+    classes = max(int(getattr(fed_data, "num_classes", 0) or 0), int(y.max()) + 1)
+    valid = np.arange(y.shape[1])[None, :] < count[:, None]
+    hist = np.stack([np.bincount(y[c][valid[c]], minlength=classes) for c in range(len(y))]).astype(float)
+    p = hist / np.maximum(hist.sum(1, keepdims=True), 1.0)
+    return np.minimum(p[:, None, :], p[None, :, :]).sum(-1)
+
+
+def average_ranks(x) -> np.ndarray:
+    """Ranks 1..n of x, tied values sharing their mean rank."""
+    x = np.asarray(x, np.float64).ravel()
+    order = np.argsort(x, kind="stable")
+    ordinal = np.empty(len(x))
+    ordinal[order] = np.arange(1, len(x) + 1)
+    _, tie, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(tie, weights=ordinal)
+    return sums[tie] / counts[tie]
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation with average ranks for ties (nan if either is constant)."""
+    ra, rb = average_ranks(a), average_ranks(b)
+    if np.ptp(ra) == 0 or np.ptp(rb) == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def final_report(state: PFedLAState, fed_data=None, per_client=None, key=None) -> dict:
+    """How far the aggregation weights moved, so that a run whose weights stayed
+    where they started (FedAvg with a fixed mixing) is visible in summary.json.
+
+    alpha_max_move / alpha_mean_move: max / mean |alpha - alpha_init| over all
+    clients, layer groups and sources (alpha after top-k; alpha_init: the initial
+    hypernetworks' weights); alpha_max_dev_from_uniform (and _init): max |alpha -
+    1/C| now (and at initialisation); alpha_mean_self_weight: mean alpha_i^{l,i};
+    alpha_spearman_label_overlap (classification data, C > 2, defined): Spearman
+    correlation, over pairs i != j, of the layer-averaged weight of j in i's
+    aggregate with the overlap of their train label distributions (`label_overlap`).
+    `per_client` and `key` are unused.
+    """
+    del per_client, key
+    alpha = np.asarray(state.client_alpha, np.float64)
+    init = np.asarray(state.client_alpha_init, np.float64)
+    num = alpha.shape[-1]
+    move = np.abs(alpha - init)
+    out = {
+        "alpha_max_move": float(move.max()),
+        "alpha_mean_move": float(move.mean()),
+        "alpha_max_dev_from_uniform": float(np.abs(alpha - 1.0 / num).max()),
+        "alpha_init_max_dev_from_uniform": float(np.abs(init - 1.0 / num).max()),
+        "alpha_mean_self_weight": float(np.mean(alpha[np.arange(num), :, np.arange(num)])),
+    }
+    overlap = label_overlap(fed_data)
+    if overlap is not None and overlap.shape == (num, num) and num > 2:
+        off = ~np.eye(num, dtype=bool)
+        rho = spearman(alpha.mean(1)[off], overlap[off])
+        if np.isfinite(rho):
+            out["alpha_spearman_label_overlap"] = rho
+    return out
+
+
 def make_hypernet(
     names: tuple[str, ...], embedding_dim: int, hidden: tuple[int, ...], head_init: str, num_clients: int
 ) -> hypernet.HyperNet:
@@ -197,6 +292,7 @@ def init_server(hp: PFedLAHyper, params: PyTree, key: jax.Array, num_clients: in
         hn,
         jax.vmap(hp.optimizer.init)(hn),
         alpha,
+        alpha,
         jnp.zeros([], jnp.int32),
     )
 
@@ -211,11 +307,22 @@ def init(hp: PFedLAHyper, model: Model, init_jit: Callable, key, params_template
 
 def generate_starts(hp: PFedLAHyper, state: PFedLAState, part: Participants):
     """The participants' starts theta_bar [K, ...] (their weights mixing all C models),
-    and the pullback to their hypernetworks [K, ...] (one VJP: row k only reaches start k)."""
+    and the pullback to their hypernetworks [K, ...] (one VJP: row k only reaches start k).
+
+    The mix is written theta_0 + sum_j alpha_j (theta_j - theta_0) (equal to sum_j
+    alpha_j theta_j: every row of alpha sums to 1), so the weights' gradient
+    <theta_j - theta_0, -delta> is computed from the models' differences, without the
+    cancellation of their large common part: it is exactly 0 when all models are equal
+    (round 1), where <theta_j, -delta> would leave rounding noise that Adam, which
+    normalises the gradient's scale, turns into a full-size step.
+    """
     all_params = state.client_params["params"]
+    ref = jax.tree.map(lambda x: x[0], all_params)
+    diffs = jax.tree.map(lambda x, r: x - r[None], all_params, ref)
 
     def mix(hn_rows):
-        return layer_mix(participant_layer_weights(hp, hn_rows, part)[0], all_params, hp.groups)
+        mixed = layer_mix(participant_layer_weights(hp, hn_rows, part)[0], diffs, hp.groups)
+        return jax.tree.map(lambda r, m: r[None] + m, ref, mixed)
 
     return hypernet.vjp_generate(mix, part.gather(state.client_hn))
 
@@ -360,8 +467,8 @@ def build(
     embedding_dim: int = 100,
     hn_hidden: tuple[int, ...] = (100, 100, 100),
     head_init: str = "auto",
-    hn_optimizer: str = "sgd",
-    hn_lr: float = 5e-3,
+    hn_optimizer: str = "adam",
+    hn_lr: float = 1e-3,
     hn_momentum: float = 0.0,
     hn_sign: str = "descent",
     trace_client: int = 0,
@@ -380,7 +487,10 @@ def build(
       hn_hidden: widths of the hypernetwork's Dense+ReLU trunk.
       head_init: hypernet.INITS or "auto" ("uniform01" for relu_normalize,
         "zeros" for softmax: initial weights near or exactly uniform).
-      hn_optimizer: "sgd" or "adam", with hn_lr and (sgd) hn_momentum.
+      hn_optimizer: "adam" (default, lr 1e-3) or "sgd" (the public code's, with
+        hn_lr 5e-3 there; its step scales with the local updates and leaves the
+        weights nearly fixed at that rate: see the module doc), with hn_lr and
+        (sgd) hn_momentum.
       hn_sign: "descent" (default) or "code" (cotangent +delta, see module doc).
       trace_client: whose per-layer weights [L, C] go to the `trace_alpha` metric.
     """
@@ -401,4 +511,5 @@ def build(
         federated_round(step, clients_per_round=clients_per_round, bytes_up=float(P.tree_bytes(template))),
         functools.partial(evaluate, hp, model, cmap, local.loss),
         collaboration_matrix=collaboration_matrix,
+        final_report=final_report,
     )

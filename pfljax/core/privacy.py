@@ -96,3 +96,44 @@ def epsilon(
     )
     acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     return float(acc.compose(event).get_epsilon(delta))
+
+
+def noise_for_epsilon(
+    target: float,
+    num_clients: int,
+    clients_per_round: int,
+    rounds: int,
+    delta: float,
+    rtol: float = 1e-3,
+) -> float:
+    """The smallest noise multiplier z (to within the bisection's tolerance) with
+    `epsilon(z, ...) <= target`: bisection on log z, epsilon being decreasing in z.
+
+    Brackets by doubling/halving from z = 1, then bisects until the epsilon of the
+    upper end is within `rtol` of `target` (relative); returns that upper end, so
+    the run's epsilon never exceeds `target`. `target` inf gives 0 (no noise).
+    """
+    if not target > 0:
+        raise ValueError(f"target must be > 0 (inf: no noise), got {target}")
+    if math.isinf(target):
+        return 0.0
+
+    def eps(z: float) -> float:
+        return epsilon(z, num_clients, clients_per_round, rounds, delta)
+
+    lo, hi = 0.5, 1.0
+    while eps(hi) > target:
+        lo, hi = hi, hi * 2.0
+    while eps(lo) <= target:
+        lo, hi = lo / 2.0, lo
+        if lo < 1e-4:
+            raise ValueError(f"target {target} needs noise below 1e-4: over the accountant's range")
+    for _ in range(60):
+        if eps(hi) >= target * (1.0 - rtol):
+            break
+        mid = math.sqrt(lo * hi)
+        if eps(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi

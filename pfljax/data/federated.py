@@ -92,6 +92,7 @@ def build_federated_data(
     dominant_fraction: float = 0.8,
     num_groups: int = 2,
     group_relabel: bool = True,
+    group_assignment: str = "balanced",
     permute_labels: str = "none",
     samples_per_client: int | None = None,
     test_fraction: float = 0.2,
@@ -113,9 +114,15 @@ def build_federated_data(
       num_dominant: dominant classes per client (1..K-1), "dominant".
       dominant_fraction: their share of a client's samples, in (0, 1].
       num_groups: G in [1, C] (and <= K for "groups"), used by
-        partition="groups" and permute_labels="group"; client c is in group
-        floor(c * G / C).
-      group_relabel: with "groups", relabel each group's classes 0..K//G-1.
+        partition="groups" and permute_labels="group"; which client is in
+        which group: `group_assignment`.
+      group_relabel: with "groups", relabel each group's classes 0..K//G-1
+        (not in FedeRiCo's paper, which keeps the K source labels: False).
+      group_assignment: "balanced" (client c in group floor(c * G / C), the
+        default, unchanged), "random" (each client's group drawn uniformly, as
+        in FedeRiCo's paper) or "random_nonempty" (redrawn until no group is
+        empty); random draws use default_rng([seed, 1]), so they leave the
+        partition's other draws unchanged (partition.assign_groups).
       permute_labels: "none", "client" or "group" (see partition.label_maps).
       samples_per_client: cap per client (class-stratified) before the
         train/test split; None for no cap.
@@ -150,6 +157,16 @@ def build_federated_data(
         _check_class_args(
             spec.num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups
         )
+    if group_assignment not in part.GROUP_ASSIGNMENTS:
+        raise ValueError(
+            f"group_assignment must be one of {part.GROUP_ASSIGNMENTS}, got {group_assignment!r}."
+        )
+    uses_groups = partition == "groups" or permute_labels == "group"
+    group_ids = (
+        part.assign_groups(num_clients, num_groups, [seed, 1], group_assignment)
+        if uses_groups
+        else part.client_groups(num_clients, num_groups)
+    )
     kwargs = dict(source_kwargs or {})
     if spec.per_client:
         if kwargs.setdefault("num_clients", num_clients) != num_clients:
@@ -193,6 +210,7 @@ def build_federated_data(
             dominant_fraction,
             num_groups,
             min_samples_per_client,
+            group_ids,
         )
         pools = [(x_all, y_all)] * num_clients
         truth = None
@@ -206,8 +224,6 @@ def build_federated_data(
             for p, y in zip(parts, strata, strict=True)
         ]
 
-    uses_groups = partition == "groups" or permute_labels == "group"
-    group_ids = part.client_groups(num_clients, num_groups)
     maps, model_classes = _label_maps(
         num_clients, num_classes, class_sets, group_relabel, permute_labels, seed, group_ids
     )
@@ -285,6 +301,7 @@ def _partition(
     dominant_fraction,
     num_groups,
     min_size,
+    group_ids,
 ) -> list:
     """Runs the named partitioner; for "groups" appends the class sets."""
     if partition == "iid":
@@ -300,7 +317,7 @@ def _partition(
             labels, num_clients, rng, num_dominant=num_dominant, dominant_fraction=dominant_fraction
         )
     class_sets = part.group_class_sets(num_classes, num_groups, rng)
-    return part.groups(labels, num_clients, rng, class_sets=class_sets) + [class_sets]
+    return part.groups(labels, num_clients, rng, class_sets=class_sets, group_ids=group_ids) + [class_sets]
 
 
 def _label_maps(num_clients, num_classes, class_sets, group_relabel, permute_labels, seed, group_ids):

@@ -15,7 +15,8 @@ label permutations) are separate: see `label_maps`.
 * `dominant`: all classes on every client, a few dominant ones holding a
   large share (pFedLA's second non-IID setting, see `dominant`).
 * `groups`: clients in the same group share a label set disjoint from the
-  other groups' (FedeRiCo / Factorized-FL style domains).
+  other groups' (FedeRiCo / Factorized-FL style domains); which client is in
+  which group is `assign_groups` (random as in FedeRiCo, or balanced).
 * `cap_per_client`: keep at most n samples per client, class-stratified.
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 PERMUTE_MODES = ("none", "client", "group")
+GROUP_ASSIGNMENTS = ("random", "random_nonempty", "balanced")
 
 
 def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
@@ -59,6 +61,63 @@ def apportion(total: int, weights: np.ndarray) -> np.ndarray:
 def client_groups(num_clients: int, num_groups: int) -> np.ndarray:
     """Returns [C] group ids, g = floor(c * num_groups / num_clients)."""
     return np.arange(num_clients) * num_groups // num_clients
+
+
+def assign_groups(
+    num_clients: int,
+    num_groups: int,
+    rng: np.random.Generator | int | Sequence[int] | None = None,
+    assignment: str = "random",
+    max_draws: int = 100_000,
+) -> np.ndarray:
+    """Which group (data distribution) each client belongs to.
+
+    FedeRiCo (Sui et al. 2022) draws each client's distribution at random: its
+    Fig. 3 shows "client 0 alone in distribution 0, in this particular random
+    split". That is the default here.
+
+    * "random": every client's group uniform over 0..G-1, independently (the
+      paper); a group may get one client, or none (its classes are then unused).
+    * "random_nonempty": the same draw, repeated until every group has at least
+      one client (i.e. conditioned on that; needs G <= C).
+    * "balanced": g = floor(c * G / C) (`client_groups`), contiguous groups of
+      near-equal size; draws nothing from `rng`. Not in the paper; the
+      builder's earlier (and still default) behaviour.
+
+    Args:
+      num_clients: C >= 1.
+      num_groups: G >= 1.
+      rng: Generator or seed (anything `numpy.random.default_rng` takes).
+      assignment: one of GROUP_ASSIGNMENTS.
+      max_draws: "random_nonempty" gives up (ValueError) after this many draws.
+
+    Returns:
+      [C] int64 group ids in 0..G-1.
+    """
+    if assignment not in GROUP_ASSIGNMENTS:
+        raise ValueError(f"group_assignment must be one of {GROUP_ASSIGNMENTS}, got {assignment!r}.")
+    if isinstance(num_groups, bool) or int(num_groups) != num_groups or num_groups < 1:
+        raise ValueError(f"num_groups must be an integer >= 1, got {num_groups!r}.")
+    if assignment == "balanced":
+        return client_groups(num_clients, num_groups).astype(np.int64)
+    if assignment == "random_nonempty" and num_groups > num_clients:
+        raise ValueError(
+            f"group_assignment='random_nonempty' needs num_groups <= num_clients={num_clients}, "
+            f"got {num_groups}."
+        )
+    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    if assignment == "random":
+        return rng.integers(0, num_groups, num_clients).astype(np.int64)
+    batch = 1024  # draws per batch; the first full draw of the first batch with one wins
+    for _ in range(max(1, -(-max_draws // batch))):
+        draws = rng.integers(0, num_groups, (batch, num_clients))
+        full = np.all(np.any(draws[:, :, None] == np.arange(num_groups), axis=1), axis=1)
+        if full.any():
+            return draws[int(np.argmax(full))].astype(np.int64)
+    raise ValueError(
+        f"group_assignment='random_nonempty': no draw in {max_draws} gave every one of "
+        f"{num_groups} groups a client among {num_clients}; use group_assignment='balanced'."
+    )
 
 
 def _class_indices(labels: np.ndarray, rng: np.random.Generator, num_classes: int) -> list[np.ndarray]:
@@ -364,25 +423,37 @@ def groups(
     rng: np.random.Generator | int | None = None,
     *,
     class_sets: Sequence[np.ndarray],
+    group_ids: np.ndarray | Sequence[int] | None = None,
 ) -> list[np.ndarray]:
     """Clients of group g share the samples of `class_sets[g]`.
 
-    Client c belongs to group g = floor(c * G / C); every class of the group's
-    set is split evenly among the group's clients, so clients of one group
-    have the same label distribution and groups have disjoint label sets.
+    Client c belongs to group group_ids[c] (see `assign_groups`; None: the
+    balanced floor(c * G / C)); every class of the group's set is split evenly
+    among the group's clients, so clients of one group have the same label
+    distribution and groups have disjoint label sets. A group with no client
+    leaves its classes unused; a client alone in its group gets all of them.
 
     Args:
       labels: [N] int labels in 0..K-1.
       num_clients: C.
       rng: Generator or seed.
-      class_sets: G disjoint class arrays (see `group_class_sets`), G <= C.
+      class_sets: G disjoint class arrays (see `group_class_sets`).
+      group_ids: [C] group of each client, in 0..G-1 (None: balanced).
 
     Returns:
       C int64 index arrays.
     """
     rng = as_rng(rng)
     labels = np.asarray(labels)
-    gid = client_groups(num_clients, len(class_sets))
+    num_groups = len(class_sets)
+    if group_ids is None:
+        gid = client_groups(num_clients, num_groups)
+    else:
+        gid = np.asarray(group_ids, np.int64)
+        if gid.shape != (num_clients,) or (gid.size and not 0 <= gid.min() <= gid.max() < num_groups):
+            raise ValueError(
+                f"group_ids must be {num_clients} group ids in [0, {num_groups}), got {gid.tolist()}."
+            )
     by_class = _class_indices(labels, rng, _num_classes(labels))
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for g, class_set in enumerate(class_sets):

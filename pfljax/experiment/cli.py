@@ -253,3 +253,17 @@ def start(argv: list[str], distributed: bool) -> None:
     setup_logging()
     if distributed:
         initialize_distributed()
+
+
+def define_config_flag():
+    """The binaries' `--config` flag (a config file or a shipped config's name, overridable
+    field by field)."""
+    from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+
+    return config_flags.DEFINE_config_file(
+        "config",
+        None,
+        "config file path.py[:argument], or a shipped config's name (see --help); "
+        "override fields with --config.<field>=value",
+        lock_config=True,
+    )

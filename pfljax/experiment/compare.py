@@ -38,39 +38,136 @@ def run_dir(workdir: str, algorithm: str, seed: int) -> str:
     return os.path.join(workdir, algorithm, f"seed_{seed}")
 
 
+def grid_label(name: str, option: str, value: float) -> str:
+    """The row (and run directory) name of one grid point: '<algorithm>.<option>=<value>'."""
+    return f"{name}.{option}={value:g}"
+
+
+def parse_grid(text: str) -> tuple[str, list[float]]:
+    """'<option>=v1,v2,...' -> (option, [floats]); ValueError naming the flag otherwise."""
+    option, sep, values = (text or "").partition("=")
+    try:
+        numbers = [float(v) for v in values.split(",")] if sep and values else []
+    except ValueError:
+        numbers = []
+    if not option or not numbers or len(set(numbers)) != len(numbers):
+        raise ValueError(
+            f"--grid={text}: give <option>=v1,v2,... with distinct numbers, "
+            "e.g. --grid=learning_rate=0.01,0.03,0.1"
+        )
+    return option, numbers
+
+
 def compare(
-    config, algorithms: Sequence[str], seeds: Sequence[int], workdir: str, *, progress: bool = True
+    config,
+    algorithms: Sequence[str],
+    seeds: Sequence[int],
+    workdir: str,
+    *,
+    progress: bool = True,
+    vectorize: bool = False,
+    grid: tuple[str, Sequence[float]] | None = None,
+    replica_strategy: str = "auto",
 ) -> dict:
     """Runs every algorithm for every seed; returns {"table": markdown, "results": ..., "diverged": [...]}.
 
     Every config is validated and every algorithm built (on the first seed's
     data) before the first round, so bad input fails early (ConfigError).
     `diverged` lists (algorithm, seed, round) of the runs that diverged.
+
+    grid: (option, values): every algorithm runs once per value of `option`
+      (`learning_rate` or a float option of the algorithm); rows and run
+      directories are named `<algorithm>.<option>=<value>` (`grid_label`).
+    vectorize: each algorithm's seeds (and grid points) run as one compiled
+      program (`pfljax.experiment.sweep.train_replicas`), writing the same run
+      directories; the seeds must share one partition (config.data_seed >= 0)
+      and a grid option must be one that can be a traced scalar (ConfigError
+      naming it otherwise, before training). The replica state is checkpointed in
+      `workdir/<algorithm>/replica_checkpoints` and resumed from there.
+    replica_strategy: "vmap", "map" or "auto" (map on CPU): how replicas are
+      mapped inside the program (`pfljax.core.replicas.resolve_strategy`).
     """
+    from pfljax.experiment import sweep  # pylint: disable=import-outside-toplevel
+
     if not algorithms:
         raise ValueError("algorithms must name at least one algorithm")
     if not seeds:
         raise ValueError("seeds must hold at least one seed")
     check_workdir(workdir)
-    configs = {}
+    configs = {}  # label -> config
+    groups = {}  # algorithm -> its labels
     for name in algorithms:
         c = copy.deepcopy(config)
         with c.unlocked():
             c.algorithm = name
-        resolve(c)  # validates
-        configs[name] = c
-    summaries = {name: [] for name in algorithms}
-    total, done = len(algorithms) * len(seeds), 0
+        groups[name] = []
+        points = [(name, None)] if grid is None else [(grid_label(name, grid[0], v), v) for v in grid[1]]
+        for lab, value in points:
+            cc = copy.deepcopy(c)
+            if grid is not None:
+                target = sweep.grid_target(cc, grid[0])
+                with cc.unlocked():
+                    if target:
+                        cc[target][grid[0]] = type(cc[target][grid[0]])(value)
+                    else:
+                        cc[grid[0]] = value
+            resolve(cc)  # validates
+            configs[lab] = cc
+            groups[name].append(lab)
+    labels = list(configs)
+    summaries = {lab: [] for lab in labels}
+    total, done = len(labels) * len(seeds), 0
     t_start = time.perf_counter()
-    for i, seed in enumerate(seeds):
-        base = copy.deepcopy(configs[algorithms[0]])
+    if vectorize:
+        first = copy.deepcopy(configs[labels[0]])
+        first.seed = seeds[0]
+        fed = make_data(first)
+        runs = {}
+        for name in algorithms:  # every check before the first round
+            cs, dirs = [], []
+            for lab in groups[name]:
+                for seed in seeds:
+                    cc = copy.deepcopy(configs[lab])
+                    cc.seed = seed
+                    cs.append(cc)
+                    dirs.append(run_dir(workdir, lab, seed))
+            runs[name] = (cs, dirs)
+            sweep.train_replicas(
+                cs,
+                dirs,
+                fed_data=fed,
+                grid=[grid[0]] if grid else [],
+                checkpoint_dir=os.path.join(workdir, name, "replica_checkpoints"),
+                dry_run=True,
+                strategy=replica_strategy,
+            )
+        for name in algorithms:
+            cs, dirs = runs[name]
+            logging.info("compare: %s: %d runs as one program", name, len(cs))
+            t0 = time.perf_counter()
+            out = sweep.train_replicas(
+                cs,
+                dirs,
+                fed_data=fed,
+                grid=[grid[0]] if grid else [],
+                checkpoint_dir=os.path.join(workdir, name, "replica_checkpoints"),
+                strategy=replica_strategy,
+            )
+            i = 0
+            for lab in groups[name]:
+                for _ in seeds:
+                    summaries[lab].append(out[i])
+                    i += 1
+            logging.info("compare: %s: %d runs done in %.1f s", name, len(cs), time.perf_counter() - t0)
+    for i, seed in enumerate(seeds if not vectorize else ()):
+        base = copy.deepcopy(configs[labels[0]])
         base.seed = seed
         fed = make_data(base)
-        for name in algorithms:
-            configs[name].seed = seed
+        for lab in labels:
+            configs[lab].seed = seed
             if i == 0:
-                prepare(configs[name], fed)
-        for name in algorithms:
+                prepare(configs[lab], fed)
+        for name in labels:
             done += 1
             path = run_dir(workdir, name, seed)
             logging.info("compare: run %d/%d: %s seed %d -> %s", done, total, name, seed, path)
@@ -90,14 +187,14 @@ def compare(
                     time.perf_counter() - t0,
                 )
     results = aggregate(summaries)
-    resolved = resolve(configs[algorithms[0]])[0]
+    resolved = resolve(configs[labels[0]])[0]
     table = markdown_table(results, resolved, seeds)
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)
     write_json(os.path.join(workdir, "results.json"), {"seeds": list(seeds), "results": results})
     write_csv(os.path.join(workdir, "results.csv"), per_seed_rows(summaries))
     title = f"{data_title(resolved)}; seeds {list(seeds)}"
-    dirs = {label(name, results[name]): [run_dir(workdir, name, s) for s in seeds] for name in algorithms}
+    dirs = {label(name, results[name]): [run_dir(workdir, name, s) for s in seeds] for name in labels}
     plots.plot_overlay(
         {name: curve(d, "mean_accuracy") for name, d in dirs.items()},
         os.path.join(workdir, "accuracy.png"),

@@ -1,10 +1,13 @@
 """pfljax-compare: several algorithms on the same partition and seeds, then tables and plots.
 
     pfljax-compare --config=default --algorithms=fedavg,local --seeds=0,1,2 --workdir=runs/cmp
+    pfljax-compare ... --seeds=0,1,2 --config.data_seed=0 --vectorize --grid=learning_rate=0.01,0.05
     python -m pfljax.experiment.compare_main ...   (the same; in the repository also
     python -m experiments.compare --config=experiments/configs/default.py ...)
 
 Each run goes to <workdir>/<algorithm>/seed_<s>/ (resumable, as pfljax-run);
+--vectorize runs each algorithm's seeds and --grid points as one compiled
+program (pfljax.experiment.sweep), writing the same run directories;
 results.md (mean +- std over seeds), results.json and results.csv (every
 seed's value and status), accuracy.png and loss.png go to <workdir>. A log line
 when each run starts and ends. This is what `make demo` runs.
@@ -17,21 +20,33 @@ from __future__ import annotations
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from pfljax.experiment.cli import EXIT_DIVERGED, fail, parse_flags, set_usage, start
+from pfljax.experiment.cli import EXIT_DIVERGED, define_config_flag, fail, parse_flags, set_usage, start
 
 USAGE = __doc__
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "config file path.py[:argument], or a shipped config's name (see --help); "
-    "override fields with --config.<field>=value",
-    lock_config=True,
-)
+_CONFIG = define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory")
 _ALGORITHMS = flags.DEFINE_list("algorithms", ["fedavg", "local"], "algorithms to compare (comma-separated)")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "seeds (comma-separated integers >= 0)")
+_VECTORIZE = flags.DEFINE_bool(
+    "vectorize",
+    False,
+    "run each algorithm's seeds (and --grid points) as one compiled program (replicas sharing the data; "
+    "needs --config.data_seed >= 0 for several seeds); same run directories as separate runs",
+)
+_GRID = flags.DEFINE_string(
+    "grid",
+    None,
+    "<option>=v1,v2,...: run every algorithm once per value of learning_rate or a float option of the "
+    "algorithm; rows and run directories <algorithm>.<option>=<value>",
+)
+_REPLICA_MAP = flags.DEFINE_enum(
+    "replica_map",
+    "auto",
+    ["auto", "vmap", "map"],
+    "with --vectorize: vmap the replicas, or lax.map them (one after another in one program); "
+    "auto: map on CPU",
+)
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "multi-host: jax.distributed.initialize() first (see BUILD.md)"
 )
@@ -73,18 +88,28 @@ def parse_algorithms(values: list[str]) -> list[str]:
 def main(argv):
     start(argv, _DISTRIBUTED.value)
     from pfljax.experiment import ConfigError, compare  # pylint: disable=import-outside-toplevel
+    from pfljax.experiment.compare import parse_grid  # pylint: disable=import-outside-toplevel
 
     seeds = parse_seeds(_SEEDS.value)
     names = parse_algorithms(_ALGORITHMS.value)
     try:
-        out = compare(_CONFIG.value, names, seeds, _WORKDIR.value)
+        grid = parse_grid(_GRID.value) if _GRID.value is not None else None
+        out = compare(
+            _CONFIG.value,
+            names,
+            seeds,
+            _WORKDIR.value,
+            vectorize=_VECTORIZE.value,
+            grid=grid,
+            replica_strategy=_REPLICA_MAP.value,
+        )
     except (ConfigError, ValueError) as e:
         fail(str(e))
     print(out["table"])
     if out["diverged"]:
         runs = ", ".join(f"{a} seed {s} at round {r}" for a, s, r in out["diverged"])
         fail(
-            f"{len(out['diverged'])} of {len(names) * len(seeds)} runs diverged ({runs}); "
+            f"{len(out['diverged'])} of {len(out['results']) * len(seeds)} runs diverged ({runs}); "
             f"see their summary.json 'divergence' and results.md",
             EXIT_DIVERGED,
         )

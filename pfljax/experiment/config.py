@@ -243,6 +243,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.dominant_fraction = 0.8
     config.num_groups = 2
     config.group_relabel = True
+    # partition=groups: which client gets which group; "balanced" (client c in group
+    # floor(c G / C), the earlier split), "random" or "random_nonempty" (seeded, FedeRiCo's paper).
+    config.group_assignment = "balanced"
     config.permute_labels = "none"
     config.samples_per_client = 1000 if fmnist else 0  # 0: no cap
     config.test_fraction = 0.2
@@ -600,6 +603,7 @@ def make_data(config) -> FederatedData:
                 dominant_fraction=config.dominant_fraction,
                 num_groups=config.num_groups,
                 group_relabel=config.group_relabel,
+            group_assignment=config.group_assignment,
                 permute_labels=config.permute_labels,
                 samples_per_client=config.samples_per_client or None,
                 test_fraction=config.test_fraction,

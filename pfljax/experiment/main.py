@@ -19,18 +19,11 @@ from __future__ import annotations
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from pfljax.experiment.cli import EXIT_DIVERGED, fail, parse_flags, set_usage, start
+from pfljax.experiment.cli import EXIT_DIVERGED, define_config_flag, fail, parse_flags, set_usage, start
 
 USAGE = __doc__
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "config file path.py[:argument], or a shipped config's name (see --help); "
-    "override fields with --config.<field>=value",
-    lock_config=True,
-)
+_CONFIG = define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (resumed if it holds checkpoints)")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "multi-host: jax.distributed.initialize() first (see BUILD.md)"

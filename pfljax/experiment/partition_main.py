@@ -17,18 +17,11 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from pfljax.experiment.cli import fail, parse_flags, set_usage, start
+from pfljax.experiment.cli import define_config_flag, fail, parse_flags, set_usage, start
 
 USAGE = __doc__
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "config file path.py[:argument], or a shipped config's name (see --help); "
-    "override fields with --config.<field>=value",
-    lock_config=True,
-)
+_CONFIG = define_config_flag()
 _OUTDIR = flags.DEFINE_string("outdir", "runs/partition", "where data.json and partition.png go")
 flags.mark_flags_as_required(["config"])
 

@@ -12,10 +12,9 @@ from pfljax.core.clients import client_key, round_keys, take
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes
 from pfljax.core.sampling import sample_clients
-from pfljax.core.types import ClientArrays, ClientData
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
-from tests.toydata import masked_ce_grad, stream_batch, toy_arrays, toy_data
+from tests.toydata import masked_ce_grad, mean, same_rule_data, stream_batch, toy_data
 
 COUNTS = (12, 7, 20, 3, 9)
 MODEL = build_model("mlp", (6,), 3, hidden=(8,))
@@ -110,17 +109,6 @@ def test_alpha_fixed_at_zero_global_part_is_fedavg():
     chex.assert_trees_all_close(
         alg.evaluate(state, data, jax.random.key(0)), base.evaluate(ref, data, jax.random.key(0)), rtol=1e-5
     )
-
-
-def mean(scores, name):
-    return np.average(scores[name], weights=scores["count"])
-
-
-def same_rule_data(n, clients):
-    """Train and test rows of every client drawn from one labelling rule (n rows each)."""
-    a = toy_arrays([2 * n] * clients)
-    half = lambda rows: ClientArrays(a.x[:, rows], a.y[:, rows], jnp.full((clients,), n, jnp.int32))  # noqa: E731
-    return ClientData(half(slice(0, n)), half(slice(n, None)))
 
 
 def test_learns():

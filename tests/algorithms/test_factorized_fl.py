@@ -18,6 +18,7 @@ from pfljax.core.evaluate import evaluate_client
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.sampling import sample_clients
 from pfljax.models import build_model
+from pfljax.models.factorized import factorize
 from tests.toydata import toy_data
 
 
@@ -263,9 +264,176 @@ def test_model_variants_and_layer_order():
     assert F.MODEL_VARIANTS == {**F.FACTORIZED_MODELS, **{v: v for v in F.FACTORIZED_MODELS.values()}}
 
 
+def reference_reassigned(v, sim, order_of, participating):
+    """ "random"/"worst" written client by client: i keeps its own similarity weight;
+    the similarity weights of its others, largest first, go to the others in the
+    order `order_of(i, others)`."""
+    ids = np.flatnonzero(participating)
+    out = np.zeros_like(sim)
+    for i in ids:
+        others = [int(j) for j in ids if j != i]
+        weights = sorted((sim[i, j] for j in others), reverse=True)
+        out[i, i] = sim[i, i]
+        for j, w in zip(order_of(i, others), weights):
+            out[i, j] = w
+    return out
+
+
+def cosines(v):
+    v = np.asarray(v, np.float64)
+    unit = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return unit @ unit.T
+
+
+MATCH_V = jax.random.normal(jax.random.key(3), (7, 5)) + 0.4
+MATCH_PART = np.array([1, 1, 0, 1, 1, 1, 1], bool)
+matching_weights = jax.jit(F.matching_weights, static_argnames="matching")
+
+
+def test_fedavg_matching_is_the_sample_weighted_average():
+    counts = jnp.asarray([12.0, 7.0, 20.0, 3.0, 9.0, 15.0, 4.0])
+    w = np.asarray(
+        matching_weights(
+            MATCH_V,
+            matching="fedavg",
+            tau=0.5,
+            epsilon=5.0,
+            min_keep=2,
+            participating=MATCH_PART,
+            counts=counts,
+        )
+    )
+    n = np.where(MATCH_PART, np.asarray(counts), 0.0)
+    expected = np.where(MATCH_PART[:, None], n[None, :] / n.sum(), 0.0)
+    np.testing.assert_allclose(w, expected, rtol=1e-6)
+    ones = np.asarray(F.fedavg_weights(jnp.ones(7)))
+    np.testing.assert_allclose(ones, np.full((7, 7), 1 / 7), rtol=1e-6)
+
+
+@pytest.mark.parametrize("tau,epsilon,min_keep", [(0.5, 5.0, 2), (-1.0, 1.0, 1), (2.0, 20.0, 4)])
+def test_worst_matching_gives_the_similarity_weights_to_the_least_similar(tau, epsilon, min_keep):
+    kw = dict(tau=tau, epsilon=epsilon, min_keep=min_keep, participating=MATCH_PART)
+    sim = np.asarray(matching_weights(MATCH_V, matching="similarity", **kw))
+    np.testing.assert_allclose(sim, reference_weights(MATCH_V, tau, epsilon, min_keep, MATCH_PART), rtol=1e-5)
+    worst = np.asarray(matching_weights(MATCH_V, matching="worst", **kw))
+    cos = cosines(MATCH_V)
+    ref = reference_reassigned(
+        MATCH_V, sim, lambda i, others: sorted(others, key=lambda j: cos[i, j]), MATCH_PART
+    )
+    np.testing.assert_allclose(worst, ref, rtol=1e-6, atol=1e-8)
+    for i in np.flatnonzero(MATCH_PART):
+        kept = [j for j in np.flatnonzero(worst[i]) if j != i]
+        dropped = [j for j in np.flatnonzero(MATCH_PART) if j != i and worst[i, j] == 0]
+        assert len(kept) == np.count_nonzero(sim[i]) - 1
+        if kept and dropped:  # every kept other is less similar than every dropped one
+            assert max(cos[i, kept]) <= min(cos[i, dropped])
+    np.testing.assert_allclose(worst.sum(1), MATCH_PART.astype(float), rtol=1e-6)
+
+
+def test_random_matching_keeps_the_weights_and_draws_partners_uniformly():
+    kw = dict(tau=2.0, epsilon=5.0, min_keep=3, participating=MATCH_PART)  # itself + 2 others
+    sim = np.asarray(matching_weights(MATCH_V, matching="similarity", **kw))
+    keys = jax.random.split(jax.random.key(5), 600)
+    draws = np.asarray(
+        jax.jit(jax.vmap(lambda k: F.matching_weights(MATCH_V, matching="random", key=k, **kw)))(keys)
+    )
+    ids = np.flatnonzero(MATCH_PART)
+    for w in draws[:5]:  # each draw: the similarity rule with partners in a random order
+        perms = {int(i): [int(j) for j in ids[np.argsort(-w[i, ids], kind="stable")] if j != i] for i in ids}
+        ref = reference_reassigned(MATCH_V, sim, lambda i, others, p=perms: p[i], MATCH_PART)
+        np.testing.assert_allclose(w, ref, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(np.sort(w, axis=1), np.sort(sim, axis=1), rtol=1e-6)
+    chosen = (draws > 0).mean(0)  # [C, C]: how often j is among i's partners
+    off = MATCH_PART[:, None] & MATCH_PART[None, :] & ~np.eye(7, dtype=bool)
+    # 2 of the 5 other participants each time: 0.4, binomial std 0.02 over 600 draws.
+    np.testing.assert_allclose(chosen[off], 0.4, atol=0.08)
+    assert not np.any(chosen[~MATCH_PART]) and not np.any(chosen[:, ~MATCH_PART])
+    np.testing.assert_array_equal(np.diagonal(chosen), MATCH_PART.astype(float))
+
+
+@pytest.mark.parametrize("matching", ["fedavg", "random"])
+def test_matching_options_in_the_round(matching):
+    data = toy_data(COUNTS)
+    counts = np.asarray(COUNTS, float)
+    key = jax.random.key(2)
+    alg = F.build(MODEL, SPEC, clients_per_round=4, matching=matching, tau=0.0, min_keep=2)
+    state = alg.init(jax.random.key(0), None, len(COUNTS))
+    rnd = jax.jit(alg.round)
+    mixings = []
+    for _ in range(2):
+        sample_key, _ = round_keys(key, state.round)
+        part = np.zeros(len(COUNTS), bool)
+        part[np.asarray(sample_clients(sample_key, len(COUNTS), 4))] = True
+        state, metrics = rnd(state, data, key)
+        w = np.asarray(metrics["mixing"])
+        mixings.append(w)
+        np.testing.assert_allclose(w.sum(1), part.astype(float), rtol=1e-6)
+        if matching == "fedavg":
+            n = np.where(part, counts, 0.0)
+            np.testing.assert_allclose(w, np.where(part[:, None], n / n.sum(), 0.0), rtol=1e-6)
+    # 4 participants upload u [6, 1] of hidden_0 (head local), and v [8, 1] unless FedAvg.
+    assert float(metrics["bytes_up"]) == 4 * 4 * (6 + (0 if matching == "fedavg" else 8))
+    if matching == "random":  # a fresh draw each round
+        assert not np.allclose(mixings[0], mixings[1])
+
+
+def test_without_mu_mu_stays_zero_and_is_never_sent():
+    data = toy_data(COUNTS)
+    template = jax.eval_shape(MODEL.init, jax.random.key(0))
+    states = []
+    for lam in (0.0, 0.05):
+        alg = F.build(MODEL, SPEC, variant="beta", use_mu=False, lambda_sparse=lam, tau=0.0, min_keep=2)
+        plain = build_model("mlp", (6,), 3, hidden=(8,)).init(jax.random.key(0))
+        nonzero = factorize(plain, rank=1)  # mu = a nonzero residual
+        state0 = state = alg.init(jax.random.key(0), nonzero, len(COUNTS))
+        rnd = jax.jit(alg.round)
+        for _ in range(3):
+            state, metrics = rnd(state, data, jax.random.key(1))
+        for mu in F.mu_leaves(state.client_params["params"]):
+            assert not np.any(np.asarray(mu))
+        assert float(metrics["mu_density"]) == 0.0
+        # beta mixes u, v (and mu); without mu: u [6, 1] + v [8, 1] of hidden_0 (head local).
+        assert float(metrics["bytes_up"]) == len(COUNTS) * 4 * (6 + 8)
+        assert float(metrics["bytes_down"]) == len(COUNTS) * 4 * (6 + 8)
+        states.append(state)
+    # mu = 0 makes the L1 term inert: lambda changes nothing.
+    chex.assert_trees_all_equal(states[0].client_params, states[1].client_params)
+    # ... and training moved u and v.
+    for leaf in ("u", "v"):
+        moved = (
+            states[0].client_params["params"]["hidden_0"][leaf]
+            - state0.client_params["params"]["hidden_0"][leaf]
+        )
+        assert float(jnp.abs(moved).max()) > 1e-3
+    _, uploaded = F.leaf_roles(
+        template, "hidden_0", variant="beta", head_local=False, other_leaves="local", use_mu=False
+    )
+    assert F.flagged_bytes(template, uploaded) == 4 * (6 + 8 + 8 + 3)
+
+
+def test_sparsity_of_mu_grows_with_lambda():
+    data = toy_data(COUNTS)
+    spec = LocalTraining(optax.sgd(0.1), batch_size=4, epochs=2, steps=None)
+    mean_abs, density = [], []
+    for lam in (0.0, 1e-3, 1e-2, 5e-2):
+        alg = F.build(MODEL, spec, lambda_sparse=lam, tau=0.0, min_keep=2)
+        state = alg.init(jax.random.key(0), None, len(COUNTS))
+        rnd = jax.jit(alg.round)
+        for _ in range(4):
+            state, metrics = rnd(state, data, jax.random.key(1))
+        mus = np.concatenate([np.asarray(m).ravel() for m in F.mu_leaves(state.client_params["params"])])
+        mean_abs.append(np.abs(mus).mean())
+        density.append(float(metrics["mu_density"]))  # share with |mu| >= lambda (the release's count)
+    print(mean_abs, density)
+    assert np.all(np.diff(mean_abs) < 0), mean_abs
+    assert density[0] == 1.0 and np.all(np.diff(density) < 0), density
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [
+        (dict(matching="best"), "matching"),
+        (dict(use_mu="no"), "use_mu"),
         (dict(variant="gamma"), "variant"),
         (dict(sparsity="prox"), "sparsity"),
         (dict(other_leaves="all"), "other_leaves"),

@@ -6,7 +6,6 @@ masks its updates); with SGD and momentum both leave it exactly in place.
 
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -17,10 +16,9 @@ from pfljax.core.evaluate import evaluate_client
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.params import tree_bytes
 from pfljax.core.sampling import sample_clients
-from pfljax.core.types import ClientArrays, ClientData
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
-from tests.toydata import toy_arrays, toy_data
+from tests.toydata import mean, same_rule_data, toy_data
 
 COUNTS = (12, 7, 20, 3, 9)
 MODEL = build_model("mlp", (6,), 3, hidden=(8,))
@@ -79,17 +77,6 @@ def test_evaluation_fine_tunes_the_whole_model():
         want = evaluate_client(MODEL.apply, tuned, take(data.test, c))
         chex.assert_trees_all_close(got["loss"][c], want["loss"], rtol=1e-5)
         chex.assert_trees_all_close(got["accuracy"][c], want["accuracy"], rtol=1e-5)
-
-
-def mean(scores, name):
-    return np.average(scores[name], weights=scores["count"])
-
-
-def same_rule_data(n, clients):
-    """Train and test rows of every client drawn from one labelling rule (n rows each)."""
-    a = toy_arrays([2 * n] * clients)
-    half = lambda rows: ClientArrays(a.x[:, rows], a.y[:, rows], jnp.full((clients,), n, jnp.int32))  # noqa: E731
-    return ClientData(half(slice(0, n)), half(slice(n, None)))
 
 
 def test_learns():

@@ -275,6 +275,35 @@ def test_group_mass_and_purity():
     np.testing.assert_allclose(federico.group_purity(mixed, groups), [2 / 3, 2 / 3, 1 / 3, 1])
 
 
+def test_final_report_reads_the_random_groups_of_the_data(monkeypatch):
+    """With the paper's random split (a client alone in its distribution) the report's
+    group figures use the groups drawn by the data builder, not contiguous blocks."""
+    from types import SimpleNamespace
+
+    from pfljax.data import build_federated_data, sources
+    from pfljax.data import partition as part
+    from pfljax.data.sources import Pooled
+
+    def pooled(*, data_dir=None, seed=0):
+        y = np.repeat(np.arange(4), 30).astype(np.int32)
+        x = np.random.default_rng(0).normal(size=(120, 2)).astype(np.float32)
+        return Pooled(x[:100], y[:100], x[100:], y[100:], 4)
+
+    monkeypatch.setitem(sources.SOURCES, "rico_tiny", sources.SourceSpec(pooled, False, None))
+    kw = dict(partition="groups", num_groups=2, group_relabel=False, seed=0)
+    fd = build_federated_data("rico_tiny", 6, group_assignment="random", **kw)
+    groups = part.assign_groups(6, 2, [0, 1], "random")
+    assert [c["group"] for c in fd.summary["clients"]] == groups.tolist() == [1, 1, 1, 1, 0, 1]
+    post = np.full((6, 6), 0.02) + 0.88 * np.eye(6)  # mostly itself
+    post[4] = np.eye(6)[0]  # the lone client leans on client 0's model
+    report = federico.final_report(SimpleNamespace(client_posterior=jnp.asarray(post)), fd)
+    assert report["own_group_mass"] == pytest.approx(np.mean(federico.group_mass(post, groups)))
+    assert report["own_group_mass_min"] == pytest.approx(0.0)  # client 4: nothing on group 0
+    assert report["own_group_mass_chance"] == pytest.approx((5 * 5 / 6 + 1 / 6) / 6)
+    balanced = part.client_groups(6, 2)
+    assert report["group_purity"] != pytest.approx(np.mean(federico.group_purity(post, balanced)))
+
+
 # -------------------------------------------------------------------- evaluate
 def test_evaluate_one_hot_posterior_uses_that_model():
     data = toy_data(COUNTS)

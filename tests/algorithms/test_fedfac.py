@@ -98,15 +98,27 @@ def test_static_split_traces_once_and_stays_fixed():
                 np.asarray(state.global_shared["hidden_0"]),
                 int(m["participants"]),
                 float(m["unchanged_fraction"]),
+                int(m["fa_iterations_hidden_0"]),
             )
         )
     assert history[0][1] == len(COUNTS)  # round 0 is the warm-up of every client
     assert [h[1] for h in history[1:]] == [3, 3, 3]
     assert int(np.sum(~history[0][0])) == 2
-    for split, _, unchanged in history[1:]:
+    assert history[0][3] >= 1 and [h[3] for h in history[1:]] == [0, 0, 0]  # one analysis
+    for split, _, unchanged, _ in history[1:]:
         np.testing.assert_array_equal(split, history[0][0])
         assert unchanged == 1.0
     assert int(state.round) == 4
+
+
+def test_round_metrics_report_the_factor_analysis_convergence():
+    data = toy_data(COUNTS)
+    alg = fedfac.build(MODEL, SPEC, layers=(0, 1), tau_quantile=25.0)
+    state = alg.init(jax.random.key(0), None, len(COUNTS))
+    _, m = jax.jit(alg.round)(state, data, jax.random.key(1))
+    for name in ("hidden_0", "hidden_1"):
+        assert 1 <= int(m[f"fa_iterations_{name}"]) < 500
+        assert float(m[f"fa_converged_{name}"]) == 1.0 and float(m[f"fa_change_{name}"]) < 1e-6
 
 
 def run(alg, data, rounds=3, key=5, evaluate=True):
@@ -310,6 +322,10 @@ def test_unit_layers_and_layer_names():
         (dict(mask="both"), "mask"),
         (dict(new_client_fraction=1.0), "new_client_fraction"),
         (dict(new_client_epochs=0), "new_client_epochs"),
+        (dict(ipf_start="ones"), "ipf_start"),
+        (dict(ipf_solver="newton"), "ipf_solver"),
+        (dict(max_iter=0), "max_iter"),
+        (dict(tol=-1.0), "tol"),
         (dict(client_map="pmap"), "strategy"),
     ],
 )

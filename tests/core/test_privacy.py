@@ -14,7 +14,7 @@ import pytest
 from pfljax import algorithms
 from pfljax.algorithms import fedavg, fedper
 from pfljax.core.local import LocalTraining
-from pfljax.core.privacy import ClientDP, clip_update, epsilon, private_mean_update
+from pfljax.core.privacy import ClientDP, clip_update, epsilon, noise_for_epsilon, private_mean_update
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
 from tests.toydata import toy_data
@@ -111,3 +111,15 @@ def test_every_private_algorithm_is_exact_without_noise_and_noised_with_it(name)
     chex.assert_trees_all_close(a, b, rtol=1e-5, atol=1e-6)
     assert "dp_clipped_fraction" in m and np.isfinite(float(m["dp_update_norm"]))
     assert not all(np.allclose(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(c)))
+
+
+def test_noise_for_epsilon_hits_the_target_from_below():
+    delta = 1 / 20**1.1
+    z = noise_for_epsilon(4.0, 20, 10, 20, delta)
+    got = epsilon(z, 20, 10, 20, delta)
+    assert got <= 4.0 and got == pytest.approx(4.0, rel=0.01), (z, got)
+    # Minimal: 2% less noise spends more than the target.
+    assert epsilon(z * 0.98, 20, 10, 20, delta) > 4.0
+    assert noise_for_epsilon(math.inf, 20, 5, 20, delta) == 0.0
+    with pytest.raises(ValueError, match="target"):
+        noise_for_epsilon(0.0, 20, 5, 20, delta)

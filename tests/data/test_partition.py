@@ -1,9 +1,14 @@
 """Tests for pfljax.data.partition on synthetic labels."""
 
+import hashlib
+from collections import Counter
+
 import numpy as np
 import pytest
 
+from pfljax.data import build_federated_data, sources
 from pfljax.data import partition as part
+from pfljax.data.sources import Pooled
 
 NUM_CLASSES = 10
 
@@ -181,3 +186,157 @@ def test_apportion_is_exact_and_close():
     out = part.apportion(10, np.array([1.0, 1.0, 1.0]))
     assert out.sum() == 10 and sorted(out.tolist()) == [3, 3, 4]
     np.testing.assert_array_equal(part.apportion(7, np.array([0.0, 2.0])), [0, 7])
+
+
+# ------------------------------------------------ group assignment (FedeRiCo's random split)
+
+
+def _digest(arrays):
+    m = hashlib.sha256()
+    for a in arrays:
+        m.update(np.asarray(a, np.int64).tobytes())
+        m.update(b"|")
+    return m.hexdigest()[:16]
+
+
+def test_random_assignment_is_seeded_uniform_and_independent_per_client():
+    a = part.assign_groups(8, 4, 3)
+    np.testing.assert_array_equal(a, part.assign_groups(8, 4, 3))
+    np.testing.assert_array_equal(a, np.random.default_rng(3).integers(0, 4, 8))
+    draws = [part.assign_groups(8, 4, s) for s in range(20)]
+    assert len({tuple(d) for d in draws}) == 20  # seed-sensitive
+    big = part.assign_groups(40_000, 4, 0)
+    assert big.min() == 0 and big.max() == 3
+    np.testing.assert_allclose(np.bincount(big) / 40_000, 0.25, atol=0.01)
+    # Plain random draws do leave groups empty (P ~ 0.38 for 8 clients, 4 groups).
+    empty = np.mean([len(np.unique(part.assign_groups(8, 4, s))) < 4 for s in range(400)])
+    assert 0.3 < empty < 0.46, empty
+
+
+def test_random_nonempty_fills_every_group_uniformly_over_surjections():
+    for s in range(200):
+        assert len(np.unique(part.assign_groups(8, 4, s, "random_nonempty"))) == 4
+    # 4 clients, 3 groups: 36 onto maps, each with probability 1/36 (the plain draw
+    # conditioned on no empty group).
+    n = 3600
+    freq = Counter(tuple(part.assign_groups(4, 3, s, "random_nonempty")) for s in range(n))
+    assert len(freq) == 36
+    chi2 = sum((f - n / 36) ** 2 / (n / 36) for f in freq.values())
+    assert chi2 < 66.6, chi2  # chi-square(35) 0.999 quantile
+    assert len(part.assign_groups(8, 8, 0, "random_nonempty")) == 8  # P(onto) = 0.0024
+
+
+def test_balanced_assignment_reproduces_the_earlier_split_exactly():
+    """Digests of `groups` (without group_ids) and of build_federated_data's groups
+    were taken with the code before assign_groups existed (commit a6429da)."""
+    np.testing.assert_array_equal(part.assign_groups(9, 3, 0, "balanced"), [0, 0, 0, 1, 1, 1, 2, 2, 2])
+    rng = np.random.default_rng(1)
+    part.assign_groups(7, 3, rng, "balanced")
+    assert rng.integers(1 << 30) == np.random.default_rng(1).integers(1 << 30)  # nothing drawn
+    labels = make_labels()
+    for (c, g, seed), digest in [((9, 3, 0), "0b145f846c2ac6c8"), ((8, 4, 5), "4c98b69b58af56d1")]:
+        sets = part.group_class_sets(NUM_CLASSES, g, seed)
+        balanced = part.assign_groups(c, g, 99, "balanced")
+        assert _digest(part.groups(labels, c, seed, class_sets=sets)) == digest
+        assert _digest(part.groups(labels, c, seed, class_sets=sets, group_ids=balanced)) == digest
+
+
+def test_groups_follow_given_ids_lone_clients_take_all_and_empty_groups_drop_classes():
+    labels = make_labels()
+    sets = part.group_class_sets(NUM_CLASSES, 3, 0)
+    gid = np.array([1, 1, 0, 1, 1, 1])  # client 2 alone in group 0, group 2 empty
+    parts = part.groups(labels, 6, 0, class_sets=sets, group_ids=gid)
+    for c, p in enumerate(parts):
+        assert set(np.flatnonzero(counts(labels, p))) == set(sets[gid[c]].tolist())
+    np.testing.assert_array_equal(counts(labels, parts[2])[sets[0]], np.bincount(labels)[sets[0]])
+    mixes = np.array([counts(labels, parts[c]) for c in (0, 1, 3, 4, 5)])
+    assert np.abs(mixes - mixes[0]).max() <= 1
+    used = np.concatenate(parts)
+    assert not np.isin(labels[used], sets[2]).any()
+    assert len(used) == np.isin(labels, np.concatenate(sets[:2])).sum()
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: part.assign_groups(8, 2, 0, "stripes"), "group_assignment"),
+        (lambda: part.assign_groups(3, 4, 0, "random_nonempty"), "group_assignment"),
+        (lambda: part.assign_groups(3, 0, 0), "num_groups"),
+        (lambda: part.assign_groups(12, 12, 0, "random_nonempty", max_draws=10), "balanced"),
+        (lambda: part.groups(make_labels(), 3, 0, class_sets=[[0], [1]], group_ids=[0, 2, 1]), "group_ids"),
+    ],
+)
+def test_bad_group_assignment_raises(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# -------------------------------------------------- the builder's group_assignment option
+
+
+def _tiny_pooled(*, data_dir=None, seed=0):
+    rng = np.random.default_rng(123)
+    y = np.repeat(np.arange(6), 40).astype(np.int32)
+    x = rng.normal(size=(240, 3)).astype(np.float32)
+    return Pooled(x[:200], y[:200], x[200:], y[200:], 6)
+
+
+def _fingerprint(fd):
+    x = (np.asarray(fd.data.train.x) * 1000).astype(np.int64).ravel()
+    return _digest([np.asarray(fd.data.train.y).ravel(), np.asarray(fd.data.test.y).ravel(), x])
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setitem(sources.SOURCES, "fp_tiny", sources.SourceSpec(_tiny_pooled, False, None))
+    return "fp_tiny"
+
+
+EARLIER = [  # (options, digest and groups taken with the code of commit a6429da)
+    (dict(partition="groups", num_groups=3), "279ac9d8c6b3be9e", [0, 0, 1, 1, 2, 2]),
+    (
+        dict(partition="groups", num_groups=2, group_relabel=False, samples_per_client=30),
+        "b1694d200cd851cb",
+        [0, 0, 0, 1, 1, 1],
+    ),
+    (dict(partition="iid", permute_labels="group", num_groups=2), "3b6239bbacff4008", [0, 0, 0, 1, 1, 1]),
+]
+
+
+@pytest.mark.parametrize("options,digest,group_ids", EARLIER)
+@pytest.mark.parametrize("explicit", [False, True])
+def test_builder_default_and_balanced_keep_the_earlier_data(tiny, options, digest, group_ids, explicit):
+    extra = dict(group_assignment="balanced") if explicit else {}
+    fd = build_federated_data(tiny, 6, seed=4, **options, **extra)
+    assert _fingerprint(fd) == digest
+    assert [c["group"] for c in fd.summary["clients"]] == group_ids
+
+
+def test_builder_random_groups_as_in_the_paper(tiny):
+    kw = dict(partition="groups", num_groups=3, group_relabel=False, seed=4)
+    fd = build_federated_data(tiny, 6, group_assignment="random", **kw)
+    gid = part.assign_groups(6, 3, [4, 1], "random")
+    assert [c["group"] for c in fd.summary["clients"]] == gid.tolist()
+    assert fd.num_classes == 6  # source labels kept
+    balanced = build_federated_data(tiny, 6, group_assignment="balanced", **kw)
+    sets = {}  # the class sets are the same draws as with balanced groups
+    for info in balanced.summary["clients"]:
+        sets[info["group"]] = info["source_classes"]
+    for info in fd.summary["clients"]:
+        assert info["classes"] == info["source_classes"] == sets[info["group"]]
+        assert info["label_map"] == list(range(6))
+    nonempty = build_federated_data(tiny, 6, group_assignment="random_nonempty", **kw)
+    assert sorted({c["group"] for c in nonempty.summary["clients"]}) == [0, 1, 2]
+    permuted = build_federated_data(
+        tiny, 6, partition="iid", permute_labels="group", num_groups=2, group_assignment="random", seed=4
+    )
+    gid2 = part.assign_groups(6, 2, [4, 1], "random")
+    maps = [c["label_map"] for c in permuted.summary["clients"]]
+    for c in range(6):
+        assert permuted.summary["clients"][c]["group"] == gid2[c]
+        assert maps[c] == np.random.default_rng(4 + int(gid2[c])).permutation(6).tolist()
+
+
+def test_builder_rejects_an_unknown_group_assignment(tiny):
+    with pytest.raises(ValueError, match="group_assignment"):
+        build_federated_data(tiny, 6, partition="iid", group_assignment="even")

@@ -3,9 +3,12 @@
     python -m experiments.main --config=experiments/configs/fedfac_simulation.py:dynamic \\
         --config.source.p=0.3 --config.seed=1 --workdir=/tmp/fedfac_sim
 
-The argument after ":" picks the split variant (default "dynamic"): oracle, static,
+The argument after ":" picks the split variant (default "dynamic"): true, static,
 dynamic, dynamic_updates, eig, random, random_static, fedavg, all_personalized,
-local (see experiments/fedfac_study.py for what each one is). The split
+local (see experiments/fedfac_study.py for what each one is; "true" is the
+paper's name for the true split, called "oracle" here before; the paper's
+"oracle", the generator's own decision function, trains nothing and is in the
+study only). The split
 variants personalize the generator's number of personalized units,
 tau_quantile = 100 (1 - p): after changing `source.p`, set
 `--config.fedfac.tau_quantile` to match. Paper grid: p in {0.3, 0.5, 0.7} with
@@ -20,7 +23,7 @@ import ml_collections
 from pfljax.experiment.configs import default
 
 VARIANTS = {
-    "oracle": dict(split="fixed"),
+    "true": dict(split="fixed"),
     "static": dict(mode="static"),
     "dynamic": dict(mode="dynamic"),
     "dynamic_updates": dict(mode="dynamic", split_input="updates"),
