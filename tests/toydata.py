@@ -95,3 +95,13 @@ def same_rule_data(n, clients):
     a = toy_arrays([2 * n] * clients)
     half = lambda rows: ClientArrays(a.x[:, rows], a.y[:, rows], jnp.full((clients,), n, jnp.int32))  # noqa: E731
     return ClientData(half(slice(0, n)), half(slice(n, None)))
+
+
+def scores_before_after(alg, data, rounds: int):
+    """evaluate() of a fresh init and after `rounds` jitted rounds (round key r, eval key 1)."""
+    state = alg.init(jax.random.key(0), None, int(data.train.count.shape[0]))
+    before = alg.evaluate(state, data, jax.random.key(1))
+    round_fn = jax.jit(alg.round)
+    for r in range(rounds):
+        state, _ = round_fn(state, data, jax.random.key(r))
+    return before, alg.evaluate(state, data, jax.random.key(1))

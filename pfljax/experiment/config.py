@@ -603,7 +603,7 @@ def make_data(config) -> FederatedData:
                 dominant_fraction=config.dominant_fraction,
                 num_groups=config.num_groups,
                 group_relabel=config.group_relabel,
-            group_assignment=config.group_assignment,
+                group_assignment=config.group_assignment,
                 permute_labels=config.permute_labels,
                 samples_per_client=config.samples_per_client or None,
                 test_fraction=config.test_fraction,

@@ -18,7 +18,7 @@ from pfljax.core.params import tree_bytes
 from pfljax.core.sampling import sample_clients
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
-from tests.toydata import mean, same_rule_data, toy_data
+from tests.toydata import mean, same_rule_data, scores_before_after, toy_data
 
 COUNTS = (12, 7, 20, 3, 9)
 MODEL = build_model("mlp", (6,), 3, hidden=(8,))
@@ -82,12 +82,7 @@ def test_evaluation_fine_tunes_the_whole_model():
 def test_learns():
     data = same_rule_data(40, 4)
     alg = fedbabu.build(MODEL, LocalTraining(optax.sgd(0.2), batch_size=8, epochs=1), finetune_epochs=1)
-    state = alg.init(jax.random.key(0), None, 4)
-    before = alg.evaluate(state, data, jax.random.key(1))
-    rnd = jax.jit(alg.round)
-    for r in range(10):
-        state, _ = rnd(state, data, jax.random.key(r))
-    after = alg.evaluate(state, data, jax.random.key(1))
+    before, after = scores_before_after(alg, data, rounds=10)
     assert mean(after, "loss") < mean(before, "loss") - 0.1 and mean(after, "accuracy") > 0.6
 
 
