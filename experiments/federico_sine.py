@@ -85,9 +85,10 @@ def plot(fd, results, post, path):
     ax.plot(grid[:, 0], model.apply(state.global_params, grid)[0][:, 0], "k:", label="FedAvg")
     model, state, _ = results["federico"]
     bounds, interval = fd.truth["bounds"], fd.truth["interval"]
-    for c in range(fd.data.train.count.shape[0]):
-        n = int(fd.data.train.count[c])
-        ax.scatter(fd.data.train.x[c, :n, 0], fd.data.train.y[c, :n, 0], s=6, color=f"C{c}")
+    train = fd.data.train.padded()
+    for c in range(train.count.shape[0]):
+        n = int(train.count[c])
+        ax.scatter(train.x[c, :n, 0], train.y[c, :n, 0], s=6, color=f"C{c}")
         lo, hi = bounds[interval[c]]
         xs = jnp.linspace(lo, hi, 20)[:, None]
         outs = jnp.stack([model.apply(take(state.client_params, j), xs)[0][:, 0] for j in range(len(post))])

@@ -148,7 +148,7 @@ def weighted_accuracy(per_client) -> float:
 
 def oracle_accuracy(fed) -> float:
     """The generator's noise-free decision function on every client's test data, weighted."""
-    truth, test = fed.truth, fed.data.test
+    truth, test = fed.truth, fed.data.test.padded()
     w = np.asarray(truth["hidden_weights"], np.float64)  # [C, m, d]
     h = (
         np.maximum(np.einsum("cnd,cmd->cnm", np.asarray(test.x, np.float64), w), 0.0)

@@ -37,6 +37,7 @@ from pfljax.core.local import make_local_train as make_local_train
 from pfljax.core.types import Algorithm as Algorithm
 from pfljax.core.types import ClientArrays as ClientArrays
 from pfljax.core.types import ClientData as ClientData
+from pfljax.core.types import ClientPool as ClientPool
 from pfljax.data import FederatedData as FederatedData
 from pfljax.data import build_federated_data as build_federated_data
 from pfljax.data import register_source as register_source

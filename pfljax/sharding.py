@@ -9,10 +9,12 @@ Any Algorithm runs on several devices without change:
     data = run.place_data(fed_data.data)
     state, metrics = jax.jit(run.round)(state, data, key)
 
-- Storage: every leaf under a `client_*` state field and every ClientData leaf
-  is a NamedSharding over the 'clients' axis; the rest is replicated. C is
-  padded up to a multiple of the device count D (zeros; data rows with
-  count 0), as a sharded axis must divide evenly.
+- Storage: every leaf under a `client_*` state field and every leaf of padded
+  ClientArrays is a NamedSharding over the 'clients' axis; the rest is
+  replicated, a ClientPool included (its rows are not laid out by client; as
+  uint8 and unpadded it is ~C/n_max-fold smaller than padded float arrays). C is
+  padded up to a multiple of the device count D (clients with count 0), as a
+  sharded axis must divide evenly.
 - The algorithm never sees the padding: `ShardedAlgorithm.round` slices the
   real C clients inside the jit, calls the algorithm's own round, and pads the
   new state again. Client sampling, weights and metrics are therefore exactly
@@ -50,7 +52,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pfljax.core.clients import ClientMap, as_client_map
-from pfljax.core.types import Algorithm, ClientData
+from pfljax.core.types import Algorithm, ClientArrays, ClientData, ClientPool
 
 PyTree = Any
 AXIS = "clients"
@@ -92,6 +94,14 @@ def pad_rows(tree: PyTree, size: int) -> PyTree:
 def unpad_rows(tree: PyTree, num: int) -> PyTree:
     """The first `num` rows of every leaf."""
     return jax.tree.map(lambda x: x[:num], tree)
+
+
+def client_rows(arrays: ClientPool | ClientArrays, fn: Callable) -> ClientPool | ClientArrays:
+    """`fn` applied to the per-client leaves: a pool's offsets and counts (its rows
+    stay whole), every leaf of padded ClientArrays."""
+    if isinstance(arrays, ClientPool):
+        return arrays.replace(offset=fn(arrays.offset), count=fn(arrays.count))
+    return jax.tree.map(fn, arrays)
 
 
 def is_client_leaf(path) -> bool:
@@ -166,23 +176,38 @@ class ShardedAlgorithm(NamedTuple):
         return map_client_leaves(state, lambda x: x[: self.num_clients])
 
     def place_data(self, data: ClientData, replicate: bool = False) -> ClientData:
-        """Pads ClientData with empty clients (count 0) and shards (or replicates) it."""
-        padded = pad_rows(data, self.size)
-        spec = P() if replicate else P(AXIS)
-        return jax.device_put(padded, NamedSharding(self.mesh, spec))
+        """Pads ClientData with empty clients (count 0) and shards (or replicates) it.
+        A ClientPool is replicated whole: its rows are not laid out by client."""
+
+        def place(arrays):
+            if isinstance(arrays, ClientPool):
+                padded = client_rows(arrays, lambda a: pad_rows(a, self.size))
+                return jax.device_put(padded, NamedSharding(self.mesh, P()))
+            spec = P() if replicate else P(AXIS)
+            return jax.device_put(pad_rows(arrays, self.size), NamedSharding(self.mesh, spec))
+
+        return ClientData(place(data.train), place(data.test))
 
     def place_key(self, key: jax.Array) -> jax.Array:
         return jax.device_put(key, NamedSharding(self.mesh, P()))
 
+    def real_data(self, data: ClientData) -> ClientData:
+        """The real C clients of placed data."""
+        return jax.tree.map(
+            lambda a: client_rows(a, lambda x: x[: self.num_clients]),
+            data,
+            is_leaf=lambda a: isinstance(a, ClientPool | ClientArrays),
+        )
+
     def round(self, state: PyTree, data: ClientData, key: jax.Array):
         real_state = self.unplace_state(state)
-        new_state, metrics = self.algorithm.round(real_state, unpad_rows(data, self.num_clients), key)
+        new_state, metrics = self.algorithm.round(real_state, self.real_data(data), key)
         padded = map_client_leaves(new_state, lambda x: pad_rows(x, self.size))
         padded = jax.lax.with_sharding_constraint(padded, state_shardings(padded, self.mesh))
         return padded, metrics
 
     def evaluate(self, state: PyTree, data: ClientData, key: jax.Array) -> dict:
-        return self.algorithm.evaluate(self.unplace_state(state), unpad_rows(data, self.num_clients), key)
+        return self.algorithm.evaluate(self.unplace_state(state), self.real_data(data), key)
 
 
 def shard_algorithm(algorithm: Algorithm, mesh: Mesh, num_clients: int) -> ShardedAlgorithm:

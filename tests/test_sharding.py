@@ -26,7 +26,7 @@ from pfljax.sharding import (
     state_shardings,
     unpad_rows,
 )
-from tests.toydata import toy_data
+from tests.toydata import toy_data, toy_pool_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Algorithms the 4-device test runs; PFLJAX_SHARDING_ALGORITHMS=all runs every one.
@@ -38,6 +38,7 @@ TIMING_KEYS = (
     "seconds",
     "eval_seconds",
     "devices",
+    "memory",  # bytes available, padded state: the machine's, not the run's numbers
 )
 
 
@@ -62,9 +63,10 @@ def test_padding_and_client_leaves():
         client_mesh(jax.device_count() + 1)
 
 
-def test_sharded_map_on_one_device_equals_map():
+@pytest.mark.parametrize("layout", ["padded", "pool"])
+def test_sharded_map_on_one_device_equals_map(layout):
     counts = (12, 7, 20, 3, 9, 15)
-    data = toy_data(counts)
+    data = toy_data(counts) if layout == "padded" else toy_pool_data(counts)[0]
     model = build_model("mlp", (6,), 3, hidden=(8,))
     spec = LocalTraining(optax.sgd(0.2, momentum=0.5), batch_size=4, epochs=1)
     ref = fedavg.build(model, spec, clients_per_round=4, client_map="map")

@@ -24,6 +24,25 @@ def toy_arrays(counts, n_max=None, dim=6, classes=3, seed=0, junk=0.0) -> Client
     return ClientArrays(jnp.asarray(x), jnp.asarray(y), jnp.asarray(counts))
 
 
+def toy_pool(counts, dim=6, classes=3, seed=0):
+    """(ClientPool of uint8 codes with a 256-level table, the same rows as padded
+    ClientArrays): two layouts of identical values."""
+    from pfljax.data.federated import pad_clients, pool_clients  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(seed)
+    levels = np.linspace(-2.0, 2.0, 256, dtype=np.float32)
+    w = rng.normal(size=(dim, classes))
+    codes = [rng.integers(0, 256, (n, dim)).astype(np.uint8) for n in counts]
+    ys = [np.argmax(levels[c] @ w, -1).astype(np.int32) for c in codes]
+    return pool_clients(codes, ys, levels), pad_clients([levels[c] for c in codes], ys)
+
+
+def toy_pool_data(counts, seed=0) -> tuple[ClientData, ClientData]:
+    """(pooled, padded) ClientData with identical values (train and test)."""
+    (train_pool, train_pad), (test_pool, test_pad) = (toy_pool(counts, seed=seed + s) for s in (0, 100))
+    return ClientData(train_pool, test_pool), ClientData(train_pad, test_pad)
+
+
 def toy_data(counts, **kwargs) -> ClientData:
     train = toy_arrays(counts, **kwargs)
     test = toy_arrays(counts, **{**kwargs, "seed": kwargs.get("seed", 0) + 100})

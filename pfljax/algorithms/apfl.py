@@ -36,7 +36,7 @@ from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
+from pfljax.core.local import LocalTraining, own_steps, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
 from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -86,7 +86,7 @@ def mixture_loss(hp: APFLHyper, params, alpha, v, w, xb, yb, wb):
 
 def local_step(hp: APFLHyper, data: ClientArrays, key, carry, s):
     """One local step of w, v (and alpha) on minibatch s, all from the values before the step."""
-    w, v, alpha, w_opt, v_opt = carry
+    (w, v, alpha, w_opt, v_opt), w_loss_sum = carry
     rows, wb, active = step_batch(hp.local, key, s, data.count, data.x.shape[0])
     xb, yb = data.x[rows], data.y[rows]
     w_grad = jax.value_and_grad(functools.partial(model_loss, hp), has_aux=True)
@@ -103,8 +103,8 @@ def local_step(hp: APFLHyper, data: ClientArrays, key, carry, s):
         w_opt_new,
         v_opt_new,
     )
-    kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry)
-    return kept, (w_loss * active, v_loss * active, active)
+    kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry[0])
+    return (kept, w_loss_sum + w_loss * active), v_loss, active
 
 
 def client_update(hp: APFLHyper, state: APFLState, cid, own, data, key):
@@ -116,12 +116,12 @@ def client_update(hp: APFLHyper, state: APFLState, cid, own, data, key):
     w = state.global_params
     opt = hp.local.optimizer
     carry = (w, v, alpha, opt.init(w["params"]), opt.init(v["params"]))
-    steps = jnp.arange(num_scan_steps(hp.local, data.x.shape[0]))
-    (w, v, alpha, _, _), (w_losses, v_losses, active) = jax.lax.scan(
-        functools.partial(local_step, hp, data, key), carry, steps
+    body = functools.partial(local_step, hp, data, key)
+    ((w, v, alpha, _, _), w_loss_sum), v_loss = run_steps(
+        hp.local, data.count, data.x.shape[0], body, (carry, jnp.float32(0.0))
     )
-    n = jnp.maximum(jnp.sum(active), 1)
-    return (w, v, alpha, jnp.sum(w_losses) / n), jnp.sum(v_losses) / n
+    n = jnp.maximum(own_steps(hp.local, data.count), 1)
+    return (w, v, alpha, w_loss_sum / n), v_loss
 
 
 def own_models(state: APFLState, part: Participants):

@@ -268,7 +268,7 @@ def pair_step(hp: FedericoHyper, variables, train: ClientArrays, part: Participa
     """Loss [K, n+1], gradients [P, ...], updates [P, ...] and activity [K, n+1]
     of every pair at M-step s (one mapped call; client i's minibatch is step s
     of its local schedule with key part.client_key(i))."""
-    n_max, held = train.x.shape[1], pairs.nbrs.shape[1]
+    n_max, held = train.n_max, pairs.nbrs.shape[1]
     batch = lambda i: step_batch(hp.local, part.client_key(i), s, train.count[i], n_max)
     rows, wts, active = hp.client_map(batch, part.ids)  # [K, B], [K, B], [K]
     grad_fn = jax.value_and_grad(functools.partial(objective, hp), has_aux=True)
@@ -277,7 +277,7 @@ def pair_step(hp: FedericoHyper, variables, train: ClientArrays, part: Participa
         i, j, r, w = pair
         v = take(variables, j)
         rest = {c: v[c] for c in v if c != "params"}
-        xb, yb = take(train.x, i)[r], take(train.y, i)[r]
+        xb, yb = train.rows(i, r)
         (loss, updates), grads = grad_fn(v["params"], rest, xb, yb, w)
         return loss, grads, updates
 
@@ -406,7 +406,7 @@ def round_metrics(hp: FedericoHyper, posterior, step_losses, k: int, steps: int)
 def step(hp: FedericoHyper, state: FedericoState, data: ClientData, part: Participants):
     """The round's step for `federated_round`: neighbours, E-step, S M-steps."""
     pairs = round_pairs(hp, state, data, part)
-    steps = num_scan_steps(hp.local, data.train.x.shape[1])
+    steps = num_scan_steps(hp.local, data.train.n_max)
     estimate = initial_estimate(hp, state, data.train, part, pairs)
     carry = (state.client_params, state.client_opt_state, estimate)
     body = functools.partial(m_step, hp, data.train, part, pairs)

@@ -194,12 +194,12 @@ def label_overlap(fed_data) -> np.ndarray | None:
     data = getattr(fed_data, "data", None)
     if data is None or getattr(fed_data, "task", "classification") != "classification":
         return None
-    y, count = np.asarray(data.train.y), np.asarray(data.train.count)
-    if y.ndim != 2 or not np.issubdtype(y.dtype, np.integer):
+    labels = data.train.client_labels()
+    if any(y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) for y in labels):
         return None
-    classes = max(int(getattr(fed_data, "num_classes", 0) or 0), int(y.max()) + 1)
-    valid = np.arange(y.shape[1])[None, :] < count[:, None]
-    hist = np.stack([np.bincount(y[c][valid[c]], minlength=classes) for c in range(len(y))]).astype(float)
+    top = max((int(y.max()) + 1 for y in labels if len(y)), default=0)
+    classes = max(int(getattr(fed_data, "num_classes", 0) or 0), top)
+    hist = np.stack([np.bincount(y, minlength=classes) for y in labels]).astype(float)
     p = hist / np.maximum(hist.sum(1, keepdims=True), 1.0)
     return np.minimum(p[:, None, :], p[None, :, :]).sum(-1)
 

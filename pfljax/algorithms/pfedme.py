@@ -36,7 +36,7 @@ from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
+from pfljax.core.local import LocalTraining, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
 from pfljax.core.round import Participants, check_weighting, federated_round, map_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -83,7 +83,6 @@ def make_moreau_train(apply_fn, local: LocalTraining, lam, inner_steps, personal
 
     def train(variables, data: ClientArrays, key):
         n_max = data.x.shape[0]
-        steps = num_scan_steps(local, n_max)
 
         def step(carry, s):
             w, theta, rest, opt_state = carry
@@ -100,13 +99,12 @@ def make_moreau_train(apply_fn, local: LocalTraining, lam, inner_steps, personal
             upd, new_opt = optimizer.update(envelope_grad, opt_state, w)
             new = (optax.apply_updates(w, upd), theta_new, rest_new, new_opt)
             kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry)
-            return kept, (losses[-1] * active, active)
+            return kept, losses[-1], active
 
         w = variables["params"]
         rest = {k: v for k, v in variables.items() if k != "params"}
         init = (w, w, rest, optimizer.init(w))
-        (w, theta, rest, _), (losses, active) = jax.lax.scan(step, init, jnp.arange(steps))
-        mean_loss = jnp.sum(losses) / jnp.maximum(jnp.sum(active), 1)
+        (w, theta, rest, _), mean_loss = run_steps(local, data.count, n_max, step, init)
         return ({**rest, "params": w}, {**rest, "params": theta}), mean_loss
 
     return train

@@ -37,7 +37,7 @@ from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
+from pfljax.core.local import LocalTraining, own_steps, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
 from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -97,17 +97,15 @@ def make_corrected_train(apply_fn, local: LocalTraining):
                 jax.tree.map(jnp.add, gsum, g),
             )
             kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry)
-            return kept, (loss * active, active)
+            return kept, loss, active
 
         params = variables["params"]
         rest = {k: v for k, v in variables.items() if k != "params"}
         init = (params, rest, optimizer.init(params), jax.tree.map(jnp.zeros_like, params))
-        (params, rest, _, gsum), (losses, active) = jax.lax.scan(
-            step, init, jnp.arange(num_scan_steps(local, n_max))
-        )
-        k = jnp.sum(active)
+        (params, rest, _, gsum), mean_loss = run_steps(local, data.count, n_max, step, init)
+        k = own_steps(local, data.count)
         mean_grad = jax.tree.map(lambda g: g / jnp.maximum(k, 1), gsum)
-        return ({**rest, "params": params}, mean_grad, k), jnp.sum(losses) / jnp.maximum(k, 1)
+        return ({**rest, "params": params}, mean_grad, k), mean_loss
 
     return train
 

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pfljax.core.types import ClientPool
+
 PyTree = Any
 STRATEGIES = ("auto", "vmap", "map")
 
@@ -58,7 +60,10 @@ def scatter(tree: PyTree, idx: jax.Array, rows: PyTree) -> PyTree:
 
 
 def take(tree: PyTree, i: jax.Array) -> PyTree:
-    """Row i of every leaf (a dynamic slice, no copy of the other rows)."""
+    """Row i of every leaf (a dynamic slice, no copy of the other rows); of a
+    ClientPool, client i's ClientArrays view."""
+    if isinstance(tree, ClientPool):
+        return tree.client(i)
     return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), tree)
 
 

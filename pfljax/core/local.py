@@ -1,4 +1,4 @@
-"""Local training of ONE client (a lax.scan over optimizer steps) and THE batch schedule.
+"""Local training of ONE client (a loop over optimizer steps) and THE batch schedule.
 
 Minibatches are sampled inside jit from the client's own rows: every epoch is a
 fresh random permutation of its `count` real rows (padding never sampled), cut
@@ -12,8 +12,13 @@ weight 0). Two schedules:
 
 `schedule_position` says where step s falls (epoch, batch, active) and is the one
 definition of the schedule: `make_local_train` follows it with the epoch order
-carried in its scan; `step_batch` gives step s's rows without a carry, for local
+carried in its loop; `step_batch` gives step s's rows without a carry, for local
 loops that are not `make_local_train` (Per-FedAvg, pFedMe, FedeRiCo's M-steps).
+
+`run_steps` runs the steps, as `LocalTraining.loop` says: "scan" (the static
+maximum, inactive steps masked) or "while" (only the client's own `own_steps`,
+so a round's compute follows the clients' real sizes under `lax.map`; under
+`vmap` a batch runs its largest client's count). Same numbers either way (tested).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pfljax.core.losses import Loss, get_loss, masked_mean
 from pfljax.core.types import ClientArrays
 
 Params = Any
+LOOPS = ("auto", "scan", "while")
 
 
 class LocalTraining(NamedTuple):
@@ -41,6 +47,9 @@ class LocalTraining(NamedTuple):
       epochs: local epochs per round (exclusive with steps; if neither is
         given, one epoch).
       loss: "cross_entropy" (classification) or "mse" (regression), or a Loss.
+      loop: "while" (each client runs only its own steps), "scan" (the static
+        maximum, masked) or "auto" (while on CPU, scan on GPU/TPU where a
+        while loop's trip test costs a device round trip). Same numbers.
     """
 
     optimizer: optax.GradientTransformation
@@ -48,6 +57,7 @@ class LocalTraining(NamedTuple):
     steps: int | None = None
     epochs: int | None = None
     loss: str | Loss = "cross_entropy"
+    loop: str = "auto"
 
     def validate(self) -> LocalTraining:
         if self.steps is not None and self.epochs is not None:
@@ -63,8 +73,16 @@ class LocalTraining(NamedTuple):
                 raise ValueError(f"local {name} must be >= 1, got {value}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.loop not in LOOPS:
+            raise ValueError(f"local loop must be one of {LOOPS}, got {self.loop!r}")
         get_loss(self.loss)
         return self
+
+    def resolved_loop(self) -> str:
+        """ "while" or "scan" ("auto": while on CPU)."""
+        if self.loop == "auto":
+            return "while" if jax.default_backend() == "cpu" else "scan"
+        return self.loop
 
 
 class LocalResult(NamedTuple):
@@ -127,6 +145,39 @@ def step_batch(spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Arr
     return rows, weights, active
 
 
+def own_steps(spec: LocalTraining, count: jax.Array) -> jax.Array:
+    """The number of active local steps of a client with `count` rows: S, or
+    E * ceil(count / B); 0 for an empty client."""
+    total = spec.steps if spec.steps is not None else spec.epochs * batches_per_epoch(count, spec.batch_size)
+    return jnp.where(count > 0, total, 0).astype(jnp.int32)
+
+
+def run_steps(spec: LocalTraining, count: jax.Array, n_max: int, body: Callable, carry: Any):
+    """Runs local steps s = 0, 1, ... of one client: `body(carry, s) -> (carry, loss,
+    active)`, where inactive steps must leave the carry unchanged (as with
+    `schedule_position`'s flag). Returns (carry, mean loss over the active steps).
+
+    "scan" runs num_scan_steps(spec, n_max) steps; "while" only own_steps(count).
+    """
+    spec = spec.validate()
+
+    def step(c, s):
+        inner, loss_sum, n_active = c
+        inner, loss, active = body(inner, s)
+        return (inner, loss_sum + loss * active, n_active + active.astype(jnp.int32)), None
+
+    init = (carry, jnp.float32(0.0), jnp.int32(0))
+    if spec.resolved_loop() == "scan":
+        out = jax.lax.scan(step, init, jnp.arange(num_scan_steps(spec, n_max)))[0]
+    else:
+        last = own_steps(spec, count)
+        out = jax.lax.while_loop(
+            lambda c: c[0] < last, lambda c: (c[0] + 1, step(c[1], c[0])[0]), (jnp.int32(0), init)
+        )[1]
+    carry, loss_sum, n_active = out
+    return carry, loss_sum / jnp.maximum(n_active, 1)
+
+
 def num_scan_steps(spec: LocalTraining, n_max: int) -> int:
     """Static length of the local scan for clients padded to n_max rows."""
     spec = spec.validate()
@@ -173,7 +224,6 @@ def make_local_train(
 
     def train(variables, data: ClientArrays, key, anchor=None, opt_state=None) -> LocalResult:
         n_max = data.x.shape[0]
-        steps = num_scan_steps(spec, n_max)
         params = variables["params"]
         rest = {k: v for k, v in variables.items() if k != "params"}
         anchor_params = params if anchor is None else anchor["params"]
@@ -195,13 +245,12 @@ def make_local_train(
             upd, new_opt = optimizer.update(grads, opt_state, params)
             new = (optax.apply_updates(params, upd), {**rest, **updates}, new_opt)
             kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, (params, rest, opt_state))
-            return (*kept, order), (loss * active, active)
+            return (*kept, order), loss, active
 
         order0 = epoch_order(key, 0, data.count, n_max, batch_size)
-        (params, rest, opt_state, _), (losses, active) = jax.lax.scan(
-            step, (params, rest, opt_state, order0), jnp.arange(steps)
+        (params, rest, opt_state, _), mean_loss = run_steps(
+            spec, data.count, n_max, step, (params, rest, opt_state, order0)
         )
-        mean_loss = jnp.sum(losses) / jnp.maximum(jnp.sum(active), 1)
         return LocalResult({**rest, "params": params}, opt_state, mean_loss)
 
     return train

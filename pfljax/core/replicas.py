@@ -25,7 +25,6 @@ ValueError naming the option ("cannot vary inside one program").
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -33,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pfljax.core.memory import ROUND_STATE_COPIES, device_memory_bytes
 from pfljax.core.params import tree_bytes
 from pfljax.core.types import Algorithm, ClientData
 
@@ -205,30 +205,11 @@ def _check_count(count: int) -> None:
 
 # ---- memory -----------------------------------------------------------------------------
 
-ROUND_STATE_COPIES = 4  # state in, state out, the participants' updates and optimizer state
-
 
 def estimate_bytes(state_bytes: int, data_bytes: int, count: int) -> int:
     """Estimated peak bytes of R replicas: the shared data once, plus R x (the state
     held ROUND_STATE_COPIES times in a round: input, output, updates, optimizer)."""
     return int(data_bytes + count * ROUND_STATE_COPIES * state_bytes)
-
-
-def device_memory_bytes(device=None) -> int | None:
-    """The device's memory limit in bytes (accelerators), available host memory
-    on CPU, or None when unknown."""
-    device = device or jax.devices()[0]
-    stats = None
-    try:
-        stats = device.memory_stats()
-    except Exception:  # noqa: BLE001  some backends do not implement memory_stats
-        stats = None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def check_memory(state: Any, data: Any, count: int, limit: int | None = None, what: str = "replicas") -> int:

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from pfljax.core import aggregate
-from pfljax.core.clients import client_key, gather, round_keys, scatter, take
+from pfljax.core.clients import ClientMap, client_key, gather, round_keys, scatter, take
 from pfljax.core.privacy import ClientDP, private_mean_update
 from pfljax.core.sampling import check_clients_per_round, sample_clients
 from pfljax.core.types import ClientData
@@ -177,7 +177,20 @@ def map_clients(client_update: Callable, client_map: Callable, state, data: Clie
         cid, row = args
         return client_update(state, cid, row, take(data.train, cid), part.client_key(cid))
 
-    return client_map(one, (part.ids, inputs))
+    if not chunked(client_map):
+        return client_map(one, (part.ids, inputs))
+    # Chunks of clients of similar size: a chunk's local loop runs its largest
+    # client's steps, so order by size, then put the outputs back in id order.
+    order = jnp.argsort(data.train.count[part.ids], stable=True)
+    out = client_map(one, gather((part.ids, inputs), order))
+    return gather(out, jnp.argsort(order))
+
+
+def chunked(client_map: Callable) -> bool:
+    """True for a lax.map over vmapped chunks of more than one client."""
+    if not isinstance(client_map, ClientMap):
+        return False
+    return client_map.resolved() == "map" and (client_map.chunk_size or 1) > 1
 
 
 def client_step(

@@ -1,6 +1,16 @@
 """Core types shared by every algorithm: client arrays, client data, Algorithm.
 
-Shapes use C for the client axis, n for a client's (padded) sample axis.
+Shapes use C for the client axis, n for a client's (padded) sample axis, N for
+the rows of a pool.
+
+Client data come in two layouts with one interface (`count` [C], `n_max`, and
+`take(data, c)` from pfljax.core.clients giving ONE client's ClientArrays):
+
+- `ClientPool` (what `build_federated_data` makes): every client's rows once,
+  unpadded, at the source's dtype (images uint8 with a 256-entry table of their
+  float values), client c's rows at pool[offset[c] : offset[c] + count[c]];
+- `ClientArrays` with a client axis: zero-padded [C, n_max, ...] arrays (simple
+  to build by hand; tests and benchmarks use it).
 """
 
 from __future__ import annotations
@@ -9,6 +19,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
 
 PyTree = Any
 Params = Any
@@ -17,12 +30,14 @@ Metrics = dict[str, jax.Array]
 
 
 class ClientArrays(NamedTuple):
-    """Padded per-client samples.
+    """Padded per-client samples; without the client axis, ONE client's view.
 
     Attributes:
-      x: [C, n_max, *feature_shape] inputs; rows >= count[c] are padding.
+      x: [C, n_max, *feature_shape] float inputs; rows >= count[c] are padding
+        (zeros here; other clients' rows in a view of a ClientPool: never use
+        them unmasked).
       y: [C, n_max] int32 labels (classification) or [C, n_max, *target] float32
-        targets (regression); padded rows hold 0.
+        targets (regression).
       count: [C] int32 number of real rows of each client.
     """
 
@@ -30,12 +45,81 @@ class ClientArrays(NamedTuple):
     y: jax.Array
     count: jax.Array
 
+    @property
+    def n_max(self) -> int:
+        """Rows per client of stacked arrays (static)."""
+        return self.x.shape[1]
+
+    def rows(self, c: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(x, y) of client c's rows r [B] of stacked arrays."""
+        return self.x[c, r], self.y[c, r]
+
+    def client_labels(self) -> list:
+        """Host numpy y of each client of stacked arrays (its real rows)."""
+        y, n = np.asarray(self.y), np.asarray(self.count)
+        return [y[c, :k] for c, k in enumerate(n)]
+
+
+@struct.dataclass
+class ClientPool:
+    """Every client's rows once, unpadded, at the source's dtype (see module doc).
+
+    Attributes:
+      x: [N, *feature_shape] inputs: float32, or integer codes into `levels`.
+      y: [N] int32 labels or [N, *target] float32 targets.
+      offset: [C] int32 first pool row of each client.
+      count: [C] int32 rows of each client.
+      levels: [L] float32 value of each code (None: x holds the values).
+      n_max: rows of a client's view, max(count, 1); static. The pool is laid out
+        so that offset[c] + n_max <= N for every c (the largest client last).
+    """
+
+    x: jax.Array
+    y: jax.Array
+    offset: jax.Array
+    count: jax.Array
+    levels: jax.Array | None = None
+    n_max: int = struct.field(pytree_node=False, default=1)
+
+    def values(self, x: jax.Array) -> jax.Array:
+        """Pool inputs as float32 values (a 256-entry table lookup for codes: exactly
+        the float the source would have stored, unlike x / 255 rewritten by XLA)."""
+        return x if self.levels is None else jnp.take(self.levels, x.astype(jnp.int32), axis=0)
+
+    def client(self, c: jax.Array) -> ClientArrays:
+        """Client c's ClientArrays view [n_max, ...]: its rows first, then (masked by
+        count) the next rows of the pool; codes become float32 values here, inside jit."""
+        window = lambda a: jax.lax.dynamic_slice_in_dim(a, self.offset[c], self.n_max)  # noqa: E731
+        return ClientArrays(self.values(window(self.x)), window(self.y), self.count[c])
+
+    def rows(self, c: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(x, y) of client c's rows r [B] (r < n_max), without building its view."""
+        i = self.offset[c] + r
+        return self.values(self.x[i]), self.y[i]
+
+    def padded(self) -> ClientArrays:
+        """The zero-padded [C, n_max, ...] ClientArrays of the same clients (float x)."""
+        views = jax.vmap(self.client)(jnp.arange(self.count.shape[0]))
+        real = jnp.arange(self.n_max)[None, :] < self.count[:, None]
+        zero = lambda a: jnp.where(real.reshape(real.shape + (1,) * (a.ndim - 2)), a, 0)  # noqa: E731
+        return ClientArrays(zero(views.x), zero(views.y), self.count)
+
+    def client_labels(self) -> list:
+        """Host numpy y of each client (its real rows)."""
+        y, off, n = (np.asarray(a) for a in (self.y, self.offset, self.count))
+        return [y[o : o + k] for o, k in zip(off, n, strict=True)]
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the pool (x, y, offsets, counts, levels)."""
+        return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(self))
+
 
 class ClientData(NamedTuple):
-    """Train and test arrays of every client (same client order in both)."""
+    """Train and test data of every client (same client order in both)."""
 
-    train: ClientArrays
-    test: ClientArrays
+    train: ClientPool | ClientArrays
+    test: ClientPool | ClientArrays
 
 
 class Algorithm(NamedTuple):

@@ -8,7 +8,7 @@ assembly). Importing this package does not import TensorFlow.
 """
 
 from pfljax.data import sine  # noqa: F401  (registers the "sine" source)
-from pfljax.data.federated import PARTITIONS, FederatedData, build_federated_data, pad_clients
+from pfljax.data.federated import PARTITIONS, FederatedData, build_federated_data, pad_clients, pool_clients
 from pfljax.data.sources import PerClient, Pooled, load_source, register_source
 
 __all__ = [
@@ -19,5 +19,6 @@ __all__ = [
     "build_federated_data",
     "load_source",
     "pad_clients",
+    "pool_clients",
     "register_source",
 ]

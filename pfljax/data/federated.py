@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from pfljax.core.types import ClientArrays, ClientData
+from pfljax.core.types import ClientArrays, ClientData, ClientPool
 from pfljax.data import partition as part
 from pfljax.data import sources
 
@@ -37,8 +37,9 @@ class FederatedData(NamedTuple):
     """Client data ready for an Algorithm, plus what describes it.
 
     Attributes:
-      data: ClientData of jax arrays: x float32 [C, n_max, *input_shape], y
-        int32 [C, n_max], count int32 [C]; rows >= count are zero.
+      data: ClientData of ClientPools: each client's rows once, unpadded,
+        images as uint8 codes (converted to float32 inside jit), y int32 [N]
+        (see pfljax.core.types.ClientPool).
       num_classes: number of labels the model must output.
       input_shape: shape of one input, e.g. (28, 28, 1).
       summary: JSON-serializable description (per-client train/test sizes,
@@ -46,7 +47,7 @@ class FederatedData(NamedTuple):
         `test_class_counts` over the model's labels, groups, label maps; totals).
       truth: generator parameters of a simulated source, else None.
       task: "classification", or "regression" for a per-client source with
-        real-valued targets (y float32 [C, n_max, *target]; no label maps,
+        real-valued targets (y float32 [N, *target]; no label maps,
         random caps and splits; train with the "mse" loss).
     """
 
@@ -79,6 +80,42 @@ def pad_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> ClientArr
         x[c, : len(xc)] = xc
         y[c, : len(yc)] = yc
     return ClientArrays(jnp.asarray(x), jnp.asarray(y), jnp.asarray(counts))
+
+
+def pool_clients(
+    xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], levels: np.ndarray | None = None
+) -> ClientPool:
+    """Every client's rows once, unpadded, as a ClientPool (at the inputs' dtype).
+
+    Args:
+      xs: C arrays [n_c, *feature_shape]: float values, or integer codes into
+        `levels` (e.g. uint8 pixels).
+      ys: C arrays [n_c] (integer labels) or [n_c, *target] (float targets).
+      levels: [L] float32 value of each code, or None (xs are float values).
+
+    The largest client is stored last, so every client's view window
+    [offset, offset + n_max) lies inside the pool without padding rows.
+    """
+    counts = np.array([len(x) for x in xs], np.int32)
+    n_max = max(int(counts.max(initial=0)), 1)
+    order = [c for c in range(len(xs)) if c != int(np.argmax(counts))] + [int(np.argmax(counts))]
+    offsets = np.zeros(len(xs), np.int32)
+    offsets[order] = np.concatenate([[0], np.cumsum(counts[order])[:-1]]).astype(np.int32)
+    y_dtype = np.int32 if np.issubdtype(np.asarray(ys[0]).dtype, np.integer) else np.float32
+    x_dtype = np.float32 if levels is None else np.asarray(xs[0]).dtype
+    x = np.concatenate([np.asarray(xs[c], x_dtype) for c in order])
+    y = np.concatenate([np.asarray(ys[c], y_dtype) for c in order])
+    if len(x) < n_max:  # only when every client is empty: one zero row
+        x = np.zeros((n_max,) + x.shape[1:], x.dtype)
+        y = np.zeros((n_max,) + y.shape[1:], y.dtype)
+    return ClientPool(
+        jnp.asarray(x),
+        jnp.asarray(y),
+        jnp.asarray(offsets),
+        jnp.asarray(counts),
+        None if levels is None else jnp.asarray(levels, jnp.float32),
+        n_max=n_max,
+    )
 
 
 def build_federated_data(
@@ -155,7 +192,13 @@ def build_federated_data(
     )
     if spec.num_classes is not None:
         _check_class_args(
-            spec.num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups
+            spec.num_classes,
+            partition,
+            classes_per_client,
+            num_dominant,
+            dominant_fraction,
+            num_groups,
+            num_clients,
         )
     if group_assignment not in part.GROUP_ASSIGNMENTS:
         raise ValueError(
@@ -175,7 +218,9 @@ def build_federated_data(
             )
     source = spec.load(data_dir=data_dir, seed=seed, **kwargs)
     num_classes = source.num_classes
-    _check_class_args(num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups)
+    _check_class_args(
+        num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups, num_clients
+    )
     rng = np.random.default_rng(seed)
 
     if spec.per_client:
@@ -263,8 +308,9 @@ def build_federated_data(
             }
         )
 
-    train, test = (pad_clients(*splits[s]) for s in ("train", "test"))
-    input_shape = tuple(int(s) for s in train.x.shape[2:])
+    levels = None if spec.per_client else source.levels
+    train, test = (pool_clients(*splits[s], levels) for s in ("train", "test"))
+    input_shape = tuple(int(s) for s in train.x.shape[1:])
     summary = {
         "dataset": dataset,
         "task": "regression" if regression else "classification",
@@ -278,10 +324,17 @@ def build_federated_data(
         "test_fraction": test_fraction,
         "seed": seed,
         "totals": {"train": sum(c["train"] for c in clients), "test": sum(c["test"] for c in clients)},
+        # Source classes in no client's data (random class draws can leave some out).
+        "unplaced_classes": [] if regression else unplaced_classes(clients, num_classes),
         "clients": clients,
     }
     task = "regression" if regression else "classification"
     return FederatedData(ClientData(train, test), model_classes, input_shape, summary, truth, task)
+
+
+def unplaced_classes(clients: list[dict], num_classes: int) -> list[int]:
+    """Source classes held by no client (summary["unplaced_classes"])."""
+    return sorted(set(range(num_classes)) - set().union(*(c["source_classes"] for c in clients)))
 
 
 def _class_counts(labels: np.ndarray, num_classes: int) -> list[int]:
@@ -372,11 +425,17 @@ def _check_args(
 
 
 def _check_class_args(
-    num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups
+    num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups, num_clients
 ):
     if partition in ("shards", "classes") and not (1 <= classes_per_client <= num_classes):
         raise ValueError(
             f"classes_per_client must be in [1, num_classes={num_classes}], got {classes_per_client!r}."
+        )
+    if partition in ("shards", "classes") and num_clients * classes_per_client < num_classes:
+        raise ValueError(
+            f"num_clients={num_clients} x classes_per_client={classes_per_client} < num_classes="
+            f"{num_classes}: partition={partition!r} would leave classes in no client's data; "
+            f"raise num_clients or classes_per_client."
         )
     if partition == "dominant":
         if not 1 <= num_dominant < num_classes:

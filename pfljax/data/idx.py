@@ -112,7 +112,9 @@ def check_idx_dir(data_dir: str | None) -> str:
     return data_dir
 
 
-def load_fashion_mnist(data_dir: str | None = None, *, standardize: bool = False) -> dict[str, np.ndarray]:
+def load_fashion_mnist(
+    data_dir: str | None = None, *, standardize: bool = False, codes: bool = False
+) -> dict[str, np.ndarray]:
     """Loads Fashion-MNIST from IDX files.
 
     Args:
@@ -121,6 +123,9 @@ def load_fashion_mnist(data_dir: str | None = None, *, standardize: bool = False
       standardize: if True, subtract the training images' mean pixel and divide
         by their pixel standard deviation (one scalar each, from the train
         split only); otherwise pixels are scaled to [0, 1].
+      codes: if True, `x_*` are the raw uint8 pixels [N, 28, 28, 1] and
+        `levels` [256] float32 gives each pixel value's float (levels[x] equals
+        the float32 arrays returned with codes=False, bit for bit).
 
     Returns:
       Dict with `x_train` float32 [60000, 28, 28, 1], `y_train` int32 [60000],
@@ -141,10 +146,13 @@ def load_fashion_mnist(data_dir: str | None = None, *, standardize: bool = False
                 f"{images.shape[0]} images but "
                 f"{labels.shape[0]} labels."
             )
-        out[f"x_{split}"] = (images.astype(np.float32) / 255.0)[..., None]
+        out[f"x_{split}"] = images.astype(np.uint8)[..., None]
         out[f"y_{split}"] = labels.astype(np.int32)
+    levels = np.arange(256, dtype=np.float32) / 255.0
     if standardize:
-        mean, std = out["x_train"].mean(), out["x_train"].std()
-        for split in ("train", "test"):
-            out[f"x_{split}"] = ((out[f"x_{split}"] - mean) / std).astype(np.float32)
-    return out
+        train = levels[out["x_train"]]
+        mean, std = train.mean(), train.std()
+        levels = ((levels - mean) / std).astype(np.float32)
+    if codes:
+        return {**out, "levels": levels}
+    return {**out, **{f"x_{s}": levels[out[f"x_{s}"]] for s in ("train", "test")}}

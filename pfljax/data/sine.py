@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from pfljax.core.types import ClientData
-from pfljax.data.federated import FederatedData, pad_clients
+from pfljax.data.federated import FederatedData, pool_clients
 from pfljax.data.sources import PerClient, register_source
 
 
@@ -119,7 +119,7 @@ def sine_federated_data(
             split[name][0].append(x[pos])
             split[name][1].append(y[pos])
         clients.append({"client": c, "group": int(truth["interval"][c]), "train": n - n_test, "test": n_test})
-    train, test = (pad_clients(*split[s]) for s in ("train", "test"))
+    train, test = (pool_clients(*split[s]) for s in ("train", "test"))
     summary = {
         "dataset": "sine",
         "num_clients": num_clients,

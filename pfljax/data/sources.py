@@ -24,11 +24,13 @@ class Pooled(NamedTuple):
     """A centralised labelled data set, to be partitioned among clients.
 
     Attributes:
-      x_train: [N_train, *input_shape] float32.
+      x_train: [N_train, *input_shape] float32, or uint8 codes into `levels`.
       y_train: [N_train] int32 labels in 0..num_classes-1.
-      x_test: [N_test, *input_shape] float32.
+      x_test: [N_test, *input_shape], as x_train.
       y_test: [N_test] int32.
       num_classes: number of classes K.
+      levels: None, or [256] float32: the value of each uint8 code (images stay
+        uint8 on device, 4x smaller; `values()` gives the floats).
     """
 
     x_train: np.ndarray
@@ -36,6 +38,11 @@ class Pooled(NamedTuple):
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
+    levels: np.ndarray | None = None
+
+    def values(self, x: np.ndarray) -> np.ndarray:
+        """x_train / x_test as float32 values."""
+        return np.asarray(x, np.float32) if self.levels is None else self.levels[x]
 
 
 class PerClient(NamedTuple):
@@ -72,8 +79,8 @@ class SourceSpec(NamedTuple):
 
 def _fashion_mnist(*, data_dir=None, seed=0, standardize=False) -> Pooled:
     del seed  # deterministic source
-    d = idx.load_fashion_mnist(data_dir, standardize=standardize)
-    return Pooled(d["x_train"], d["y_train"], d["x_test"], d["y_test"], 10)
+    d = idx.load_fashion_mnist(data_dir, standardize=standardize, codes=True)
+    return Pooled(d["x_train"], d["y_train"], d["x_test"], d["y_test"], 10, d["levels"])
 
 
 def _simulation(*, data_dir=None, seed=0, num_clients=100, **kwargs) -> PerClient:

@@ -38,7 +38,7 @@ import optax
 
 from pfljax import algorithms
 from pfljax.core.clients import STRATEGIES, ClientMap
-from pfljax.core.local import LocalTraining
+from pfljax.core.local import LOOPS, LocalTraining
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
 from pfljax.data import FederatedData, build_federated_data
@@ -99,6 +99,7 @@ RESUMABLE_FIELDS = (
     "checkpoint_every",
     "client_map",
     "chunk_size",
+    "local_loop",
     "num_devices",
     "replicate_data",
     "data_dir",
@@ -151,6 +152,7 @@ FIELD_HELP = {
     "model": "a pfljax.models.MODELS name; model_kwargs go to it",
     "client_map": "auto, vmap, map",
     "chunk_size": ">= 0 (0: no chunks)",
+    "local_loop": "auto, scan, while (same numbers; auto: while on CPU)",
     "num_devices": "devices the clients are sharded over; 0: all",
     "replicate_data": "with several devices: the data on every device",
     "eval_every": ">= 1 rounds between evaluations",
@@ -269,6 +271,7 @@ def base_config() -> ml_collections.ConfigDict:
     # Execution and outputs.
     config.client_map = "auto"
     config.chunk_size = 0  # 0: lax.map without chunks
+    config.local_loop = "auto"  # while: each client runs only its own steps; scan: the largest's, masked
     config.num_devices = 0  # devices the client axis is sharded over; 0: all visible
     config.replicate_data = False  # with several devices: ClientData on every device, not sharded
     config.eval_every = 1
@@ -424,6 +427,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     # Execution and outputs.
     _one_of(config, "client_map", STRATEGIES)
     _in_range(config, "chunk_size", 0, note=" (0: no chunks)")
+    _one_of(config, "local_loop", LOOPS)
     _in_range(config, "eval_every", 1)
     _in_range(config, "checkpoint_every", 0, note=" (0: only at the end)")
     devices = jax.device_count()
@@ -541,6 +545,7 @@ def make_local(config, task: str = "classification") -> LocalTraining:
         steps=steps,
         epochs=None if steps else config.local_epochs,
         loss=loss,
+        loop=config.local_loop,
     ).validate()
 
 
@@ -640,16 +645,23 @@ def _without_tf_log_lines():
 
 def data_warnings(config, fed_data: FederatedData) -> list[str]:
     """Lines about data that differ from what the config seems to ask for (a cap
-    no client reaches)."""
+    no client reaches, classes no client holds)."""
     cap = config.samples_per_client
     sizes = [c["train"] + c["test"] for c in fed_data.summary["clients"]]
+    lines = []
     if cap and sizes and max(sizes) < cap:
-        return [
+        lines.append(
             f"config.samples_per_client={cap} is a cap, and no client reaches it: "
             f"{sum(sizes)} samples over {len(sizes)} clients give {min(sizes)}..{max(sizes)} "
             f"(mean {sum(sizes) / len(sizes):.0f}) samples per client"
-        ]
-    return []
+        )
+    unplaced = fed_data.summary.get("unplaced_classes")
+    if unplaced:
+        lines.append(
+            f"classes {unplaced} are in no client's data (config.partition={config.partition!r}, "
+            f"seed {config.seed}); more clients or config.classes_per_client would place them"
+        )
+    return lines
 
 
 def make_model(config, fed_data: FederatedData) -> Model:

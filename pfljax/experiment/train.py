@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from pfljax.core import privacy
 from pfljax.core.evaluate import summarize
+from pfljax.core.memory import check_fits, memory_report
 from pfljax.experiment import plots
 from pfljax.experiment.checkpoint import Checkpoints, check_config
 from pfljax.experiment.config import DIVERGENCE_KNOBS, ConfigError, Prepared, dp_delta, prepare, to_plain
@@ -53,6 +54,10 @@ def privacy_epsilon(config, rounds: int) -> float | None:
     return privacy.epsilon(config.dp.noise_multiplier, config.num_clients, k, rounds, dp_delta(config))
 
 
+MEMORY_HINT = (
+    "lower --config.num_clients or --config.samples_per_client, pick a smaller --config.model, "
+    "or spread the clients over more devices (--config.num_devices)"
+)
 EVAL_STREAM = 0xE7A1  # evaluation keys: fold_in(fold_in(run_key, EVAL_STREAM), round)
 
 
@@ -270,6 +275,11 @@ def _run(config, plain: dict, prep: Prepared, workdir: str, ckpts: Checkpoints, 
     eval_base = run.place_key(jax.random.fold_in(run_key, EVAL_STREAM))
     eval_fn = jax.jit(run.evaluate, out_shardings=replicated).lower(state, data, eval_base).compile()
     compile_seconds = time.perf_counter() - t0
+    memory = memory_report(state, data, round_fn)
+    try:
+        check_fits(memory, MEMORY_HINT)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if start < config.rounds:
         logging.info(
             "%s: rounds %d..%d on %d %s device(s), compiled in %.1f s",
@@ -364,6 +374,7 @@ def _run(config, plain: dict, prep: Prepared, workdir: str, ckpts: Checkpoints, 
         if budget_round is not None:
             summary.update(status=STATUS_BUDGET, rounds_run=budget_round)
     summary["best_mean_10_accuracy"] = best_window_mean([row["mean_accuracy"] for row in rows])
+    summary["memory"] = memory
     if config.dp.enabled:
         rounds_run = summary.get("rounds_run", summary.get("diverged_round", config.rounds + 1) - 1)
         summary.update(

@@ -10,7 +10,11 @@ take part per round, 2 local steps:
 - evaluate gives finite [C] accuracy, loss and count, the same for the same key;
 - collaboration_matrix (rows sum to 1) and final_report, where present;
 - the jitted round traces once over 3 rounds;
-- the same seed gives the same state bit for bit.
+- the same seed gives the same state bit for bit;
+- the data layouts and local loops give the same numbers: a ClientPool of uint8
+  codes equals padded float arrays of the same values, and the "while" loop
+  (each client only its own steps) equals the masked "scan", bit for bit under
+  "map" (1 epoch, so clients of different sizes run different step counts).
 Compiled without XLA optimization passes (`fast_compile`).
 """
 
@@ -27,7 +31,7 @@ from pfljax.core.clients import python_loop_map
 from pfljax.core.local import LocalTraining
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
-from tests.toydata import toy_data, toy_federated
+from tests.toydata import toy_data, toy_federated, toy_pool_data
 
 COUNTS = (9, 5, 12, 3)
 NUM, K = len(COUNTS), 2
@@ -114,3 +118,24 @@ def test_conformance(name):
     if vmap_alg.final_report is not None:
         report = vmap_alg.final_report(states[-1], toy_federated(data), jax.device_get(scores), eval_key)
         assert isinstance(report, dict) and all(isinstance(k, str) for k in report)
+
+
+EPOCH_SPEC = LocalTraining(optax.sgd(0.05), batch_size=4, epochs=1)
+
+
+@pytest.mark.parametrize("name", algorithms.available())
+def test_layouts_and_loops_give_the_same_numbers(name):
+    pooled, padded = toy_pool_data(COUNTS)
+    model = build_model(algorithms.model_variant(name, "mlp"), (6,), 3, hidden=(8,))
+
+    def run(data, loop):
+        spec = EPOCH_SPEC._replace(loop=loop)
+        alg = algorithms.get(name).build(model, spec, clients_per_round=K, client_map="map")
+        state = alg.init(jax.random.key(0), None, NUM)
+        round_fn = jax.jit(alg.round)
+        for r in range(2):
+            state, metrics = round_fn(state, data, round_key(r))
+        return state, metrics, jax.jit(alg.evaluate)(state, data, jax.random.key(7))
+
+    reference = run(padded, "scan")  # the layout and loop before pools
+    chex.assert_trees_all_equal(run(pooled, "while"), reference)

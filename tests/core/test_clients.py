@@ -2,9 +2,15 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from pfljax.algorithms import local
 from pfljax.core import clients, sampling
+from pfljax.core.local import LocalTraining
+from pfljax.core.round import chunked
+from pfljax.models import build_model
+from tests.toydata import toy_pool_data
 
 
 def test_stack_unstack_gather_scatter():
@@ -64,3 +70,18 @@ def test_python_loop_map_matches_strategies():
     chex.assert_trees_all_close(loop, clients.ClientMap("vmap")(fn, xs))
     with pytest.raises(ValueError, match="callable"):
         clients.as_client_map(3)
+
+
+def test_chunks_ordered_by_size_give_the_unchunked_round():
+    """With chunk_size > 1 the round maps participants in size order (a chunk's loop runs
+    its largest client's steps) and puts the outputs back: same round as one at a time."""
+    data = toy_pool_data((13, 2, 9, 0, 5, 7))[0]
+    model = build_model("mlp", (6,), 3, hidden=(8,))
+    spec = LocalTraining(optax.sgd(0.1, momentum=0.9), batch_size=4, epochs=1, loop="while")
+
+    def run(client_map):
+        alg = local.build(model, spec, clients_per_round=5, client_map=client_map)
+        return jax.jit(alg.round)(alg.init(jax.random.key(0), None, 6), data, jax.random.key(1))
+
+    assert chunked(clients.ClientMap("map", 2)) and not chunked(clients.ClientMap("map"))
+    chex.assert_trees_all_close(run(clients.ClientMap("map", 2)), run("map"), rtol=1e-6, atol=1e-7)

@@ -6,7 +6,14 @@ import optax
 import pytest
 
 from pfljax.core.clients import take
-from pfljax.core.local import LocalTraining, batch_rows, epoch_order, make_local_train, num_scan_steps
+from pfljax.core.local import (
+    LocalTraining,
+    batch_rows,
+    epoch_order,
+    make_local_train,
+    num_scan_steps,
+    own_steps,
+)
 from pfljax.models import build_model
 from tests.toydata import toy_arrays, with_junk_rows
 
@@ -171,3 +178,32 @@ def test_step_batch_covers_each_epochs_real_rows_once_and_stops_after_the_epochs
     np.testing.assert_array_equal(rows, epoch_order(key, 1, count, n_max, 4)[4:8])
     assert not bool(fn(jnp.int32(2 * per_epoch))[2])  # past the 2 epochs
     assert not bool(step_batch(spec, key, jnp.int32(0), jnp.int32(0), n_max)[2])  # empty client
+
+
+@pytest.mark.parametrize("steps,epochs", [(None, 2), (3, None)])
+def test_while_loop_equals_masked_scan(steps, epochs):
+    """Clients of 0, 1, 5 and 13 rows: the "while" loop (only each client's own steps)
+    gives the masked scan's numbers, bit for bit one client at a time (lax.map) and to
+    float rounding when vmapped (where a batch runs its largest client's steps)."""
+    model = build_model("mlp", (6,), 3, hidden=(8,))
+    data = toy_arrays([0, 1, 5, 13])
+    params = model.init(jax.random.key(1))
+    keys = jax.random.split(jax.random.key(2), 4)
+
+    def run(loop, mapper):
+        spec = LocalTraining(
+            optax.sgd(0.1, momentum=0.9), batch_size=4, steps=steps, epochs=epochs, loop=loop
+        )
+        train = make_local_train(model.apply, spec)
+        return jax.jit(
+            lambda: mapper(lambda a: train(params, take(data, a[0]), a[1]), (jnp.arange(4), keys))
+        )()
+
+    scan = run("scan", lambda f, xs: jax.lax.map(f, xs))
+    chex.assert_trees_all_equal(run("while", lambda f, xs: jax.lax.map(f, xs)), scan)
+    chex.assert_trees_all_close(run("while", lambda f, xs: jax.vmap(f)(xs)), scan, rtol=1e-6, atol=1e-6)
+    chex.assert_trees_all_equal(jax.tree.map(lambda a: a[0], scan.params), params)  # the empty client
+    want = [0, 2, 4, 8] if epochs else [0, 3, 3, 3]  # E * ceil(n / 4), or S
+    np.testing.assert_array_equal(
+        own_steps(LocalTraining(optax.sgd(0.1), 4, steps, epochs), data.count), want
+    )

@@ -3,10 +3,12 @@
 import json
 import os
 
+import chex
 import numpy as np
 import pytest
 
-from pfljax.data import build_federated_data, idx, pad_clients, sources
+from pfljax.core.types import ClientPool
+from pfljax.data import build_federated_data, idx, pad_clients, pool_clients, sources
 from pfljax.data.sources import PerClient, Pooled
 
 HAVE_FMNIST = all(
@@ -22,8 +24,23 @@ needs_fmnist = pytest.mark.skipif(
 SIM = dict(samples_per_client=120, d=20, m=30)
 
 
+def check_pool(pool):
+    """Offsets tile the pool without overlap; every view window lies inside it."""
+    off, n = np.asarray(pool.offset), np.asarray(pool.count)
+    order = np.argsort(off, kind="stable")
+    np.testing.assert_array_equal(off[order], np.concatenate([[0], np.cumsum(n[order])[:-1]]))
+    assert n.sum() == len(pool.x) == len(pool.y)
+    assert pool.n_max == max(n.max(), 1) and np.all(off + pool.n_max <= len(pool.x))
+
+
+def padded(arrays):
+    return arrays.padded() if isinstance(arrays, ClientPool) else arrays
+
+
 def check_padding_and_counts(arrays, summary_counts):
-    x, y, count = (np.asarray(a) for a in arrays)
+    if isinstance(arrays, ClientPool):
+        check_pool(arrays)
+    x, y, count = (np.asarray(a) for a in padded(arrays))
     np.testing.assert_array_equal(count, summary_counts)
     assert x.dtype == np.float32 and y.dtype == np.int32
     assert count.dtype == np.int32
@@ -34,7 +51,7 @@ def check_padding_and_counts(arrays, summary_counts):
 
 
 def labels_of(arrays, c):
-    return np.asarray(arrays.y)[c, : int(arrays.count[c])]
+    return arrays.client_labels()[c]
 
 
 def test_pad_clients_zero_pads_beyond_count():
@@ -48,6 +65,28 @@ def test_pad_clients_zero_pads_beyond_count():
     assert out.y.dtype == np.int32 and out.x.dtype == np.float32
     reg = pad_clients([np.ones((2, 1))], [np.ones((2, 3), np.float32)])
     assert reg.y.shape == (1, 2, 3) and reg.y.dtype == np.float32
+
+
+def test_pool_clients_views_equal_the_padded_arrays():
+    rng = np.random.default_rng(0)
+    sizes = [3, 7, 0, 5]
+    codes = [rng.integers(0, 256, (n, 2, 2)).astype(np.uint8) for n in sizes]
+    ys = [rng.integers(0, 4, n).astype(np.int32) for n in sizes]
+    levels = (np.arange(256, dtype=np.float32) - 7.0) / 3.0
+    pool = pool_clients(codes, ys, levels)
+    check_pool(pool)
+    assert pool.x.dtype == np.uint8 and pool.x.shape == (15, 2, 2)  # no padding rows
+    assert int(pool.offset[1]) == 15 - 7  # the largest client is stored last
+    ref = pad_clients([levels[x] for x in codes], ys)
+    got = pool.padded()
+    chex.assert_trees_all_equal(got, ref)  # bit for bit: the table is the float
+    for c, n in enumerate(sizes):
+        view = pool.client(c)
+        assert view.x.shape == (7, 2, 2) and int(view.count) == n
+        np.testing.assert_array_equal(view.x[:n], ref.x[c, :n])
+        r = np.arange(n)
+        np.testing.assert_array_equal(pool.rows(c, r)[0], ref.x[c, :n])
+        np.testing.assert_array_equal(pool.client_labels()[c], ys[c])
 
 
 def test_simulation_clients_split_stratified_with_truth():
@@ -66,7 +105,7 @@ def test_simulation_clients_split_stratified_with_truth():
     assert fd.task == "classification"
     assert fd.truth["hidden_weights"].shape == (6, 30, 20)
     again = build_federated_data("simulation", 6, source_kwargs=SIM, seed=3)
-    np.testing.assert_array_equal(fd.data.train.x, again.data.train.x)
+    np.testing.assert_array_equal(padded(fd.data.train).x, padded(again.data.train).x)
 
 
 def test_simulation_label_permutation_per_group():
@@ -80,8 +119,8 @@ def test_simulation_label_permutation_per_group():
     assert [c["group"] for c in fd.summary["clients"]] == [0, 0, 0, 1, 1, 1]
     assert maps == [[0, 1]] * 3 + [[1, 0]] * 3
     # Same samples; labels of group 1 are flipped, group 0 untouched.
-    np.testing.assert_array_equal(fd.data.train.x, plain.data.train.x)
-    y, y0 = np.asarray(fd.data.train.y), np.asarray(plain.data.train.y)
+    np.testing.assert_array_equal(padded(fd.data.train).x, padded(plain.data.train).x)
+    y, y0 = np.asarray(padded(fd.data.train).y), np.asarray(padded(plain.data.train).y)
     for c in range(6):
         n = int(fd.data.train.count[c])
         expected = y0[c, :n] if c < 3 else 1 - y0[c, :n]
@@ -109,7 +148,8 @@ def test_fashion_mnist_ten_clients_four_classes_each():
     s = fd.summary
     json.dumps(s)
     train, test = fd.data.train, fd.data.test
-    assert train.x.shape[0] == 10 and train.x.shape[2:] == (28, 28, 1)
+    assert train.count.shape[0] == 10 and train.x.shape[1:] == (28, 28, 1)
+    assert train.x.dtype == np.uint8  # pixels stay uint8 on device
     assert fd.num_classes == 10 and fd.input_shape == (28, 28, 1)
     check_padding_and_counts(train, [c["train"] for c in s["clients"]])
     check_padding_and_counts(test, [c["test"] for c in s["clients"]])
@@ -126,7 +166,7 @@ def test_fashion_mnist_ten_clients_four_classes_each():
         # Stratified: each class's test count within one of 20%.
         test_per_class = np.bincount(yte, minlength=10)
         assert np.abs(test_per_class - 0.2 * per_class).max() <= 1
-        assert np.asarray(train.x[c, : info["train"]]).max() <= 1.0
+        assert np.asarray(padded(train).x[c, : info["train"]]).max() <= 1.0
         # data.json's per-class counts are the arrays' (what the model trains and is tested on).
         assert info["train_class_counts"] == np.bincount(ytr, minlength=10).tolist()
         assert info["test_class_counts"] == test_per_class.tolist()
@@ -239,3 +279,20 @@ def test_regression_source_keeps_real_targets():
     assert all(c["train_class_counts"] == [] == c["test_class_counts"] for c in fd.summary["clients"])
     with pytest.raises(ValueError, match="permute_labels"):
         build_federated_data("sine", 4, permute_labels="client")
+
+
+def test_a_partition_that_must_leave_a_class_out_is_refused(monkeypatch):
+    def four_classes(*, data_dir=None, seed=0):
+        rng = np.random.default_rng(seed)
+        y = np.repeat(np.arange(4), 30).astype(np.int32)
+        return Pooled(rng.normal(size=(120, 3)).astype(np.float32), y, np.zeros((0, 3), np.float32), y[:0], 4)
+
+    monkeypatch.setitem(sources.SOURCES, "four", sources.SourceSpec(four_classes, False, 4))
+    for partition in ("classes", "shards"):
+        with pytest.raises(ValueError, match=r"num_clients=2 x classes_per_client=1 < num_classes=4") as e:
+            build_federated_data("four", 2, partition=partition, classes_per_client=1)
+        assert "\n" not in str(e.value)
+    # Random class draws that happen to leave one out are recorded, not refused.
+    fd = build_federated_data("four", 4, partition="classes", classes_per_client=1, seed=0)
+    held = {c["source_classes"][0] for c in fd.summary["clients"]}
+    assert fd.summary["unplaced_classes"] == sorted(set(range(4)) - held)

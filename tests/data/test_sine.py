@@ -54,10 +54,11 @@ def test_registered_source_and_federated_arrays():
     assert len(src.xs) == 3 and src.num_classes == 1 and src.ys[0].dtype == np.float32
     fd = sine_federated_data(8, samples_per_client=50, num_intervals=4, seed=2)
     assert fd.task == "regression" and fd.input_shape == (1,) and fd.num_classes == 1
-    assert fd.data.train.x.shape == (8, 40, 1) and fd.data.test.y.shape == (8, 10, 1)
+    train, test = fd.data.train.padded(), fd.data.test.padded()
+    assert train.x.shape == (8, 40, 1) and test.y.shape == (8, 10, 1)
     np.testing.assert_array_equal(fd.data.train.count, 40)
     assert [c["group"] for c in fd.summary["clients"]] == [0, 0, 1, 1, 2, 2, 3, 3]
     xs, ys, _ = make_sine_clients(8, 50, num_intervals=4, seed=2)
     # train and test rows of a client are a split of its own samples
-    both = np.sort(np.concatenate([fd.data.train.x[5, :, 0], fd.data.test.x[5, :, 0]]))
+    both = np.sort(np.concatenate([train.x[5, :, 0], test.x[5, :, 0]]))
     np.testing.assert_array_equal(both, np.sort(xs[5][:, 0]))

@@ -14,7 +14,8 @@ from pfljax.experiment import ConfigError, base_config, train_and_evaluate
 from pfljax.experiment.outputs import JsonlLog, read_json
 from tests.experiment.tiny import tiny_config
 
-TIMING_KEYS = {"wall_seconds", "compile_seconds", "round_seconds_median", "seconds", "eval_seconds"}
+# Keys that depend on the machine (times, memory available), not on the run's numbers.
+TIMING_KEYS = {"wall_seconds", "compile_seconds", "round_seconds_median", "seconds", "eval_seconds", "memory"}
 
 
 def numbers(summary: dict) -> dict:
