@@ -197,3 +197,16 @@ def test_best_mean_over_ten_consecutive_evaluations():
     assert best_window_mean([0.5, 0.7]) == pytest.approx(0.6)  # fewer than 10: all of them
     assert best_window_mean(list(range(12))) == pytest.approx(np.mean(range(2, 12)))
     assert best_window_mean([]) is None
+
+
+def test_memory_report_in_summary_and_a_run_that_cannot_fit_is_refused(tmp_path, monkeypatch):
+    summary = train_and_evaluate(tiny_config(base_config(), rounds=1), str(tmp_path / "fits"))
+    memory = summary["memory"]
+    assert memory["num_clients"] == 6 and memory["data_bytes"] > 0 and memory["max_clients"] >= 6
+    assert memory["estimated_bytes"] <= memory["available_bytes"]
+    # 1 kB of memory: refused before the first round, naming what to change.
+    monkeypatch.setattr("pfljax.core.memory.device_memory_bytes", lambda device=None: 1000)
+    workdir = tmp_path / "small"
+    with pytest.raises(ConfigError, match=r"MiB are available.*--config.num_clients"):
+        train_and_evaluate(tiny_config(base_config(), rounds=1), str(workdir))
+    assert not (workdir / "metrics.jsonl").exists() or not (workdir / "metrics.jsonl").read_text()
