@@ -19,14 +19,13 @@ compiled round (`memory_analysis().temp_size_in_bytes`) for both algorithms.
 from __future__ import annotations
 
 import json
-import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from absl import app, flags
 
+from experiments import timing
 from pfljax.algorithms import fedavg, federico
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes
@@ -53,21 +52,8 @@ def make_data(num_clients: int, rows: int, dim: int = 100, classes: int = 2) -> 
 
 def time_round(alg, num_clients: int, data: ClientData, repeats: int) -> tuple[float, float, int]:
     """(compile seconds, best round seconds, XLA temp bytes) of one jitted round."""
-    state = alg.init(jax.random.key(0), None, num_clients)
-    t0 = time.perf_counter()
-    compiled = jax.jit(alg.round).lower(state, data, jax.random.key(1)).compile()
-    compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    temp = int(getattr(mem, "temp_size_in_bytes", 0)) if mem is not None else 0
-    state, _ = compiled(state, data, jax.random.key(1))
-    jax.block_until_ready(state)
-    best = float("inf")
-    for r in range(repeats):
-        t0 = time.perf_counter()
-        state, _ = compiled(state, data, jax.random.key(2 + r))
-        jax.block_until_ready(state)
-        best = min(best, time.perf_counter() - t0)
-    return compile_s, best, temp
+    res = timing.time_round(alg, data, repeats)
+    return res["compile_s"], res["round_s"], res["memory"].get("round_temp_bytes", 0)
 
 
 def main(argv):

@@ -12,7 +12,6 @@ keeps, and XLA's temp-buffer size of each compiled round (memory_analysis).
 from __future__ import annotations
 
 import json
-import time
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +19,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
+from experiments import timing
 from pfljax.algorithms import fedavg, pfedla
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes
@@ -49,19 +49,8 @@ def random_data(num, rows, seed=0) -> ClientData:
 
 
 def time_round(alg, num, data, repeats):
-    state = alg.init(jax.random.key(0), None, num)
-    rnd = jax.jit(alg.round)
-    compiled = rnd.lower(state, data, jax.random.key(0)).compile()
-    temp = compiled.memory_analysis().temp_size_in_bytes if compiled.memory_analysis() else -1
-    state, _ = compiled(state, data, jax.random.key(0))
-    jax.block_until_ready(state)
-    best = np.inf
-    for r in range(repeats):
-        t0 = time.perf_counter()
-        state, m = compiled(state, data, jax.random.key(r + 1))
-        jax.block_until_ready((state, m))
-        best = min(best, time.perf_counter() - t0)
-    return best, temp, state
+    res = timing.time_round(alg, data, repeats)
+    return res["round_s"], res["memory"].get("round_temp_bytes", -1), res["state"]
 
 
 def main(argv):

@@ -29,16 +29,16 @@ each client runs only its own steps on CPU). Both run in the same process.
 from __future__ import annotations
 
 import json
-import time
 
 import jax
 import numpy as np
 import optax
 from absl import app, flags
 
+from experiments.timing import time_round
 from pfljax.algorithms import fedavg, federico, pfedla
 from pfljax.core.local import LocalTraining
-from pfljax.core.memory import device_memory_bytes, max_clients, memory_report
+from pfljax.core.memory import device_memory_bytes, max_clients
 from pfljax.core.params import tree_bytes
 from pfljax.core.types import ClientData
 from pfljax.data import build_federated_data, pool_clients
@@ -58,25 +58,6 @@ SGD = optax.sgd(0.01)
 
 def emit(row: dict) -> None:
     print(json.dumps(row) if FLAGS.json else "  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
-
-
-def time_round(alg, data: ClientData, repeats: int) -> dict:
-    """Compile seconds, best round seconds and the memory report of a compiled round."""
-    num = int(data.train.count.shape[0])
-    state = alg.init(jax.random.key(0), None, num)
-    t0 = time.perf_counter()
-    compiled = jax.jit(alg.round).lower(state, data, jax.random.key(1)).compile()
-    compile_s = time.perf_counter() - t0
-    memory = memory_report(state, data, compiled)
-    state, _ = compiled(state, data, jax.random.key(1))
-    jax.block_until_ready(state)
-    best = float("inf")
-    for r in range(repeats):
-        t0 = time.perf_counter()
-        state, metrics = compiled(state, data, jax.random.key(2 + r))
-        jax.block_until_ready((state, metrics))
-        best = min(best, time.perf_counter() - t0)
-    return {"compile_s": compile_s, "round_s": best, "memory": memory}
 
 
 def fmnist_layouts(num: int, partition: str):
