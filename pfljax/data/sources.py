@@ -96,12 +96,12 @@ def _tfds(
     del seed  # deterministic source
     from pfljax.data import tfds_source  # pylint: disable=import-outside-toplevel
 
-    d = tfds_source.load_tfds(name, data_dir, splits=tuple(splits), **kwargs)
+    d = tfds_source.load_tfds(name, data_dir, splits=tuple(splits), codes=True, **kwargs)
     first, rest = splits[0], splits[1:]
     x_first, y_first = d[f"x_{first}"], d[f"y_{first}"]
     x_rest = np.concatenate([x_first[:0]] + [d[f"x_{s}"] for s in rest])
     y_rest = np.concatenate([y_first[:0]] + [d[f"y_{s}"] for s in rest])
-    return Pooled(x_first, y_first, x_rest, y_rest, d["num_classes"])
+    return Pooled(x_first, y_first, x_rest, y_rest, d["num_classes"], d["levels"])
 
 
 SOURCES: dict[str, SourceSpec] = {

@@ -104,6 +104,7 @@ def load_tfds(
     splits: tuple[str, ...] = ("train", "test"),
     prepare_from: str | None = None,
     standardize: bool = False,
+    codes: bool = False,
 ) -> dict:
     """Reads a prepared TFDS image classification data set into numpy.
 
@@ -116,10 +117,14 @@ def load_tfds(
         `prepare_tfds_from_files`).
       standardize: subtract the first split's mean pixel and divide by its
         pixel standard deviation (scalars) instead of only scaling to [0, 1].
+      codes: if True and the images are uint8, `x_s` stay uint8 and `levels`
+        [256] float32 gives each pixel value's float (levels[x] equals the float
+        images returned with codes=False, bit for bit).
 
     Returns:
-      Dict with, for each split s, `x_s` float32 [N_s, H, W, C] and `y_s` int32
-      [N_s], plus `num_classes` (int) and `class_names` (list of str).
+      Dict with, for each split s, `x_s` float32 [N_s, H, W, C] (or uint8 with
+      `codes`) and `y_s` int32 [N_s], plus `num_classes` (int), `class_names`
+      (list of str) and `levels` ([256] float32, or None).
 
     Raises:
       ValueError: naming `data_dir` if the data set is not prepared there (and
@@ -149,16 +154,21 @@ def load_tfds(
     out: dict = {}
     for split in splits:
         data = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1, shuffle_files=False))
-        images, labels = data[image_key], data[label_key]
-        if images.dtype == np.uint8:
-            images = images.astype(np.float32) / 255.0
-        out[f"x_{split}"] = images.astype(np.float32)
-        out[f"y_{split}"] = labels.astype(np.int32)
+        out[f"x_{split}"], out[f"y_{split}"] = data[image_key], data[label_key].astype(np.int32)
+    quantized = all(out[f"x_{s}"].dtype == np.uint8 for s in splits)
+    levels = np.arange(256, dtype=np.float32) / 255.0 if quantized else None
+    value = lambda x: levels[x] if quantized else x.astype(np.float32)  # noqa: E731
     if standardize:
-        first = out[f"x_{splits[0]}"]
+        first = value(out[f"x_{splits[0]}"])
         mean, std = first.mean(), first.std()
-        for split in splits:
-            out[f"x_{split}"] = ((out[f"x_{split}"] - mean) / std).astype(np.float32)
+        if quantized:
+            levels = ((levels - mean) / std).astype(np.float32)
+        else:
+            value = lambda x: ((x.astype(np.float32) - mean) / std).astype(np.float32)  # noqa: E731
+    if not (codes and quantized):
+        out.update({f"x_{s}": value(out[f"x_{s}"]) for s in splits})
+        levels = None
+    out["levels"] = levels
     label_feature = info.features[label_key]
     out["num_classes"] = int(label_feature.num_classes)
     out["class_names"] = list(label_feature.names)

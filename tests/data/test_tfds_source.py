@@ -53,11 +53,12 @@ def test_tfds_fashion_mnist_prepared_offline_matches_idx(tmp_path):
     src = load_source("tfds:fashion_mnist", data_dir=data_dir, prepare_from=FMNIST_DIR)
     assert isinstance(src, Pooled) and src.num_classes == 10
     assert src.x_train.shape == (60000, 28, 28, 1)
-    assert src.x_train.dtype == np.float32 and src.y_train.dtype == np.int32
-    assert 0.0 <= src.x_train.min() and src.x_train.max() <= 1.0
+    assert src.x_train.dtype == np.uint8 and src.y_train.dtype == np.int32  # pixels stay uint8
+    values = src.values(src.x_train)
+    assert values.dtype == np.float32 and 0.0 <= values.min() and values.max() <= 1.0
     ref = idx.load_fashion_mnist(FMNIST_DIR)
     for split in ("train", "test"):
-        tf_x, tf_y = getattr(src, f"x_{split}"), getattr(src, f"y_{split}")
+        tf_x, tf_y = src.values(getattr(src, f"x_{split}")), getattr(src, f"y_{split}")
         np.testing.assert_array_equal(
             sorted_examples(tf_x, tf_y), sorted_examples(ref[f"x_{split}"], ref[f"y_{split}"])
         )
