@@ -20,7 +20,8 @@ clients, Dirichlet(0.5), labels permuted per client, the release's label setting
 one run per seed of `--seeds`: Factorized-FL; the factorized model under plain
 FedAvg (matching="fedavg": u only, and every leaf but the local head); without mu
 (use_mu=False); random and worst matching; the factorized model alone; FedAvg with
-a local head on the plain model; and lambda_sparse over `--lambdas` (accuracy,
+a local head on the plain model (and, when named in --variants, Local and FedAvg on
+the plain model: plain_local, plain_fedavg); and lambda_sparse over `--lambdas` (accuracy,
 share of mu entries the release would keep (|mu| >= lambda, non-zero), share with
 |mu| >= 1e-3, mean |mu|, accuracy with mu pruned at lambda as the release
 evaluates). `--ablation_split=domains` runs the same variants on the 2-group
@@ -205,8 +206,18 @@ def labels(spec: LocalTraining) -> None:
             )
 
 
+# Plain-model baselines: name -> how it is built (not factorized_fl options).
+PLAIN_BASELINES = {
+    "plain_fedavg_local_head": "fedavg_local_head",
+    "plain_local": "local",
+    "plain_fedavg": "fedavg",
+}
+
+
 def ablation_variants(num: int, split: str) -> dict:
-    """name -> (factorized_fl.build options, or None for the plain-model FedAvg baseline)."""
+    """name -> factorized_fl.build options, or a PLAIN_BASELINES kind for the plain-model baselines.
+
+    plain_local and plain_fedavg run only when named in --variants (the headline baselines)."""
     if split == "labels":  # the release's label settings, labels permuted: head local
         ffl = dict(tau=0.0, epsilon=1.0, min_keep=num // 2, head_local=True)
     else:  # the release's domain settings; labels relabelled per group, not permuted
@@ -219,8 +230,11 @@ def ablation_variants(num: int, split: str) -> dict:
         "random": dict(ffl, matching="random"),
         "worst": dict(ffl, matching="worst"),
         "factorized_local": dict(ffl, tau=2.0, min_keep=1),
-        "plain_fedavg_local_head": None,
+        "plain_fedavg_local_head": PLAIN_BASELINES["plain_fedavg_local_head"],
     }
+    for name in ("plain_local", "plain_fedavg"):
+        if name in FLAGS.variants:
+            variants[name] = PLAIN_BASELINES[name]
     for lam in FLAGS.lambdas:
         if float(lam) != 5e-4:  # 5e-4 is the default (factorized_fl)
             variants[f"lambda={lam}"] = dict(ffl, lambda_sparse=float(lam))
@@ -267,8 +281,12 @@ def ablations(spec: LocalTraining) -> None:
         fmodel = factorized_model(fd)
         plain = build_model(FLAGS.model, fd.input_shape, fd.num_classes, **model_kwargs())
         for name, opts in ablation_variants(num, split).items():
-            if opts is None:
+            if opts == "fedavg_local_head":
                 alg = fedavg.build(plain, spec, local_leaves=("params/head/",))
+            elif opts == "local":
+                alg = local.build(plain, spec)
+            elif opts == "fedavg":
+                alg = fedavg.build(plain, spec)
             else:
                 alg = factorized_fl.build(fmodel, spec, **opts)
             last, kept = {}, []
@@ -290,7 +308,7 @@ def ablations(spec: LocalTraining) -> None:
                 "bytes_up_per_round": float(last["bytes_up"]),
                 "seconds": seconds,
             }
-            if opts is not None:
+            if isinstance(opts, dict):
                 lam = opts.get("lambda_sparse", 5e-4)
                 row["kept_clients"] = float(np.mean(kept))
                 if split == "domains":

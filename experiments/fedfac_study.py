@@ -55,6 +55,19 @@ by test size. --runs picks some of the runs by name (see FMNIST_RUNS).
 OPENBLAS_NUM_THREADS defaults to 1 here (a multi-threaded OpenBLAS makes the
 factor analysis' eigh ~30x slower on a loaded 2-core machine).
 
+Factor-analysis variants also record the analysis' convergence over the run
+(fa_solves: rounds with an analysis; fa_iterations_mean / _max: "ipf"
+principal-axis solves; fa_change_max: the largest final communality change;
+fa_converged_fraction), and "true" the convergence of its analysis of the
+generator's weights (truth_fa_*); the tables show them.
+
+--truth_only trains nothing: for every setting and seed it only factor-analyses
+the generator's own per-client weights (as the "true" runs do; variant
+"truth_fa" in --out), for the truth-recovery table:
+
+    nice -n 10 python -m experiments.fedfac_study --truth_only \
+        --settings=0.5:0.4,0.3:0.4,0.5:0.2,0.5:0.6,0.7:0.4 --seeds=0,1,2 --out=/tmp/fedfac_study.jsonl
+
 Each finished run appends one JSON line to --out (so a study can be resumed and
 split over several invocations); --table_only rebuilds the Markdown table.
 """
@@ -115,6 +128,9 @@ flags.DEFINE_string("client_map", "auto", "client mapping strategy")
 flags.DEFINE_string("out", "/tmp/fedfac_study.jsonl", "JSONL of finished runs (appended)")
 flags.DEFINE_string("markdown", "", "write the results table here")
 flags.DEFINE_bool("table_only", False, "only rebuild the table from --out")
+flags.DEFINE_bool(
+    "truth_only", False, "simulation: only factor-analyse the generator's own weights (no training)"
+)
 flags.DEFINE_enum("study", "simulation", ["simulation", "fmnist"], "which study")
 flags.DEFINE_list("runs", [], "fmnist: run names (empty: all of FMNIST_RUNS)")
 flags.DEFINE_string("data_dir", "/usr/share/datasets/fashion-mnist", "fmnist: IDX files")
@@ -167,6 +183,9 @@ def truth_recovery(truth, p: float) -> dict:
     pred, true = np.asarray(res.shared), np.asarray(truth["shared_unit_mask"])
     hits = float(np.sum(pred & true))
     return {
+        "truth_fa_iterations": int(res.iterations),
+        "truth_fa_change": float(res.change),
+        "truth_fa_converged": bool(res.converged),
         "truth_num_factors": int(res.num_factors),
         "truth_precision": hits / max(pred.sum(), 1),
         "truth_recall": hits / max(true.sum(), 1),
@@ -193,12 +212,17 @@ def run_one(variant: str, p: float, alpha: float, seed: int) -> dict:
     alg = variant_algorithm(variant, model, spec, p, FLAGS.clients_per_round or None)
     state = alg.init(jax.random.key(seed), None, FLAGS.clients)
     rnd, evaluate = jax.jit(alg.round), jax.jit(alg.evaluate)
-    curve, split_trace = [], []
+    curve, split_trace, fa_iters, fa_change, fa_conv = [], [], [], [], []
     t0 = time.perf_counter()
     for r in range(FLAGS.rounds):
         state, metrics = rnd(state, fed.data, jax.random.fold_in(jax.random.key(seed), 1000 + r))
         if "shared_fraction" in metrics:
             split_trace.append((float(metrics["shared_fraction"]), float(metrics["unchanged_fraction"])))
+        for k, v in metrics.items():  # rounds with a factor analysis ("ipf": its solves, > 0)
+            if k.startswith("fa_iterations_") and int(v) > 0:
+                fa_iters.append(int(v))
+                fa_change.append(float(metrics[k.replace("iterations", "change")]))
+                fa_conv.append(float(metrics[k.replace("iterations", "converged")]))
         if (r + 1) % FLAGS.eval_every == 0 or r + 1 == FLAGS.rounds:
             eval_key = jax.random.fold_in(jax.random.key(seed), 2000 + r)  # no variant here draws from it
             curve.append((r + 1, weighted_accuracy(evaluate(state, fed.data, eval_key))))
@@ -223,9 +247,31 @@ def run_one(variant: str, p: float, alpha: float, seed: int) -> dict:
         out["shared_fraction_final"] = split_trace[-1][0]
         out["unchanged_first10"] = float(unchanged[1:11].mean()) if len(unchanged) > 1 else 1.0
         out["unchanged_last50"] = float(unchanged[-50:].mean())
+    if fa_iters:
+        out["fa_solves"] = len(fa_iters)
+        out["fa_iterations_mean"] = float(np.mean(fa_iters))
+        out["fa_iterations_max"] = int(np.max(fa_iters))
+        out["fa_change_max"] = float(np.max(fa_change))
+        out["fa_converged_fraction"] = float(np.mean(fa_conv))
     if variant == "true":
         out.update(truth_recovery(fed.truth, p))
     return out
+
+
+def truth_one(p: float, alpha: float, seed: int) -> dict:
+    """No training: factor analysis of the generator's own per-client weights (variant "truth_fa")."""
+    fed = build_federated_data(
+        "simulation",
+        FLAGS.clients,
+        seed=seed,
+        source_kwargs={"samples_per_client": FLAGS.samples, "p": p, "alpha": alpha},
+    )
+    return {
+        "variant": "truth_fa", "p": p, "alpha": alpha, "seed": seed, "rounds": FLAGS.rounds,
+        "clients": FLAGS.clients, "clients_per_round": FLAGS.clients_per_round,
+        "samples": FLAGS.samples, "lr": FLAGS.lr, "epochs": FLAGS.epochs, "kappa": FLAGS.kappa,
+        **truth_recovery(fed.truth, p),
+    }  # fmt: skip
 
 
 def done_runs(path: str) -> list[dict]:
@@ -252,8 +298,9 @@ def table(runs: list[dict]) -> str:
         lines.append(f"| {p} | {alpha} | {len(seeds)} | " + " | ".join(cells) + " |")
     stab = [
         "",
-        "| p | alpha | variant | unchanged (rounds 1-10) | unchanged (last 50) |",
-        "|---|---|---|---|---|",
+        "| p | alpha | variant | unchanged (rounds 1-10) | unchanged (last 50) "
+        "| fa solves / mean (max) iterations / max change / converged |",
+        "|---|---|---|---|---|---|",
     ]
     for p, alpha in settings:
         for v in ("static", "dynamic", "dynamic_updates", "eig", "random", "random_static"):
@@ -263,16 +310,35 @@ def table(runs: list[dict]) -> str:
                 if (r["p"], r["alpha"], r["variant"]) == (p, alpha, v) and "unchanged_last50" in r
             ]
             if rs:
+                fa = [r for r in rs if "fa_iterations_mean" in r]
+                fa_cell = (
+                    f"{np.mean([r['fa_solves'] for r in fa]):.0f} / "
+                    f"{np.mean([r['fa_iterations_mean'] for r in fa]):.1f} "
+                    f"({max(r['fa_iterations_max'] for r in fa)}) / "
+                    f"{max(r['fa_change_max'] for r in fa):.1e} / "
+                    f"{np.mean([r['fa_converged_fraction'] for r in fa]):.3f}"
+                    if fa
+                    else "-"
+                )
                 stab.append(
                     f"| {p} | {alpha} | {v} | {np.mean([r['unchanged_first10'] for r in rs]):.3f} | "
-                    f"{np.mean([r['unchanged_last50'] for r in rs]):.3f} |"
+                    f"{np.mean([r['unchanged_last50'] for r in rs]):.3f} | {fa_cell} |"
                 )
-    truth = ["", "| p | alpha | seed | factors | precision | recall |", "|---|---|---|---|---|---|"]
+    truth = [
+        "",
+        "| p | alpha | seed | factors | precision | recall | ipf solves / change / converged |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         if "truth_precision" in r:
+            conv = (
+                f"{r['truth_fa_iterations']} / {r['truth_fa_change']:.1e} / {r['truth_fa_converged']}"
+                if "truth_fa_iterations" in r
+                else "- (before the fix)"
+            )
             truth.append(
                 f"| {r['p']} | {r['alpha']} | {r['seed']} | {r['truth_num_factors']} | "
-                f"{r['truth_precision']:.3f} | {r['truth_recall']:.3f} |"
+                f"{r['truth_precision']:.3f} | {r['truth_recall']:.3f} | {conv} |"
             )
     return "\n".join(lines + stab + truth) + "\n"
 
@@ -460,9 +526,16 @@ def main(argv):
         for setting in FLAGS.settings:
             p, alpha = (float(v) for v in setting.split(":"))
             for seed in (int(s) for s in FLAGS.seeds):
-                for variant in FLAGS.variants:
+                for variant in ["truth_fa"] if FLAGS.truth_only else FLAGS.variants:
                     key = (variant, p, alpha, seed, FLAGS.rounds)
                     if any((r["variant"], r["p"], r["alpha"], r["seed"], r["rounds"]) == key for r in runs):
+                        continue
+                    if variant == "truth_fa":
+                        result = truth_one(p, alpha, seed)
+                        runs.append(result)
+                        with open(FLAGS.out, "a") as f:
+                            f.write(json.dumps(result) + "\n")
+                        print(json.dumps(result), flush=True)
                         continue
                     result = run_one(variant, p, alpha, seed)
                     runs.append(result)
