@@ -31,6 +31,7 @@ from pfljax.data import partition as part
 from pfljax.data import sources
 
 PARTITIONS = ("iid", "dirichlet", "shards", "classes", "dominant", "groups")
+PARTITIONS += ("pfllib_dirichlet", "pfllib_pathological")  # PFLlib's "dir" and "pat"
 
 
 class FederatedData(NamedTuple):
@@ -145,7 +146,9 @@ def build_federated_data(
         source (see sources.load_source).
       num_clients: C >= 1.
       partition: one of PARTITIONS (pooled sources); per-client sources
-        accept only "iid".
+        accept only "iid". "pfllib_dirichlet" / "pfllib_pathological" are
+        PFLlib's "dir" / "pat" splits (partition.pfllib_*: RandomState(seed),
+        PFLlib's own minimum client size; dirichlet_alpha / classes_per_client).
       dirichlet_alpha: Dirichlet concentration (> 0), partition="dirichlet".
       classes_per_client: classes per client (1..K), "shards" and "classes".
       num_dominant: dominant classes per client (1..K-1), "dominant".
@@ -256,6 +259,7 @@ def build_federated_data(
             num_groups,
             min_samples_per_client,
             group_ids,
+            seed,
         )
         pools = [(x_all, y_all)] * num_clients
         truth = None
@@ -355,8 +359,14 @@ def _partition(
     num_groups,
     min_size,
     group_ids,
+    seed,
 ) -> list:
-    """Runs the named partitioner; for "groups" appends the class sets."""
+    """Runs the named partitioner; for "groups" appends the class sets. PFLlib's
+    splits draw from RandomState(seed), as PFLlib's np.random.seed (partition.pfllib_*)."""
+    if partition == "pfllib_dirichlet":
+        return part.pfllib_dirichlet(labels, num_clients, seed, alpha=alpha)
+    if partition == "pfllib_pathological":
+        return part.pfllib_pathological(labels, num_clients, seed, classes_per_client=classes_per_client)
     if partition == "iid":
         return part.iid(labels, num_clients, rng)
     if partition == "dirichlet":
@@ -412,7 +422,7 @@ def _check_args(
         raise ValueError(
             f"permute_labels={permute_labels!r} is unknown; allowed values: {part.PERMUTE_MODES}."
         )
-    if partition == "dirichlet" and not dirichlet_alpha > 0:
+    if partition in ("dirichlet", "pfllib_dirichlet") and not dirichlet_alpha > 0:
         raise ValueError(f"dirichlet_alpha must be > 0, got {dirichlet_alpha!r}.")
     if (partition == "groups" or permute_labels == "group") and not (1 <= num_groups <= num_clients):
         raise ValueError(f"num_groups must be in [1, num_clients={num_clients}], got {num_groups!r}.")
@@ -427,7 +437,9 @@ def _check_args(
 def _check_class_args(
     num_classes, partition, classes_per_client, num_dominant, dominant_fraction, num_groups, num_clients
 ):
-    if partition in ("shards", "classes") and not (1 <= classes_per_client <= num_classes):
+    if partition in ("shards", "classes", "pfllib_pathological") and not (
+        1 <= classes_per_client <= num_classes
+    ):
         raise ValueError(
             f"classes_per_client must be in [1, num_classes={num_classes}], got {classes_per_client!r}."
         )

@@ -18,6 +18,10 @@ label permutations) are separate: see `label_maps`.
   other groups' (FedeRiCo / Factorized-FL style domains); which client is in
   which group is `assign_groups` (random as in FedeRiCo, or balanced).
 * `cap_per_client`: keep at most n samples per client, class-stratified.
+* `pfllib_dirichlet`, `pfllib_pathological`: PFLlib's "dir" and "pat" splits
+  with its minimum client size (`pfllib_least_samples`), drawn from the legacy
+  `numpy.random.RandomState(seed)` in PFLlib's order (they take a seed, not a
+  Generator).
 """
 
 from __future__ import annotations
@@ -565,3 +569,182 @@ def stratified_split(
         test.append(pos[:q])
         train.append(pos[q:])
     return (rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(test)))
+
+
+# PFLlib's label-skew splits (TsingZ0/PFLlib, dataset/utils/dataset_utils.py,
+# `separate_data`), re-implemented from its description: the same draws, in the same
+# order, from the legacy `numpy.random.RandomState` that PFLlib seeds with
+# `np.random.seed` (1 in its generate_*.py), so `seed=1` gives the partition of
+# PFLlib's generated files. PFLlib's constants: batch_size 10, train_ratio 0.75.
+PFLLIB_BATCH_SIZE = 10
+PFLLIB_TRAIN_RATIO = 0.75
+
+
+def pfllib_least_samples(
+    num_samples: int,
+    num_clients: int,
+    batch_size: int = PFLLIB_BATCH_SIZE,
+    train_ratio: float = PFLLIB_TRAIN_RATIO,
+) -> int:
+    """PFLlib's minimum client size: enough samples for one test batch after the
+    train/test split, int(min(batch_size / (1 - train_ratio), N / C / 2))
+    (40 for its Fashion-MNIST: 10 / 0.25 = 40 < 70000 / 20 / 2 = 1750)."""
+    return int(min(batch_size / (1 - train_ratio), num_samples / num_clients / 2))
+
+
+def _legacy_rng(seed: int | np.random.RandomState) -> np.random.RandomState:
+    if isinstance(seed, np.random.RandomState):
+        return seed
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise ValueError(f"seed must be an int (PFLlib's np.random.seed) or a RandomState, got {seed!r}.")
+    return np.random.RandomState(int(seed))
+
+
+def pfllib_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int | np.random.RandomState = 1,
+    *,
+    alpha: float = 0.1,
+    min_size: int | None = None,
+    max_attempts: int = 1000,
+) -> list[np.ndarray]:
+    """PFLlib's practical non-IID split ("dir"): Dir(alpha) per class, redrawn until
+    every client has PFLlib's minimum size.
+
+    For each class k in 0..K-1 in turn: shuffle the class's indices, draw client
+    proportions ~ Dir(alpha), zero those of clients already holding >= N / C
+    samples, and cut the shuffled indices at the cumulative proportions. The whole
+    draw is repeated until the smallest client has `min_size` samples (default
+    `pfllib_least_samples`). Unlike `dirichlet`, the draws interleave per class and
+    come from RandomState(seed), as PFLlib's; each client's indices are in the
+    order PFLlib assigns them (class by class).
+
+    Args:
+      labels: [N] int labels in 0..K-1 (PFLlib: train then test images, file order).
+      num_clients: C.
+      seed: the RandomState's seed (PFLlib: 1), or a RandomState.
+      alpha: Dirichlet concentration (PFLlib: 0.1).
+      min_size: minimum client size; None: pfllib_least_samples(N, C).
+      max_attempts: draws tried before giving up (PFLlib tries forever).
+
+    Returns:
+      C int64 index arrays, a disjoint cover of 0..N-1.
+
+    Raises:
+      ValueError: naming `dirichlet_alpha`, `num_clients` or the minimum size, for
+        bad arguments or when no draw in `max_attempts` reaches the minimum.
+    """
+    labels = np.asarray(labels)
+    n = len(labels)
+    if not alpha > 0:
+        raise ValueError(f"dirichlet_alpha must be > 0, got {alpha!r}.")
+    if not 1 <= num_clients <= n:
+        raise ValueError(f"num_clients must be in [1, {n}], got {num_clients!r}.")
+    least = pfllib_least_samples(n, num_clients) if min_size is None else int(min_size)
+    rs = _legacy_rng(seed)
+    num_classes = _num_classes(labels)
+    for _ in range(max_attempts):
+        parts: list[list[int]] = [[] for _ in range(num_clients)]
+        for k in range(num_classes):
+            idx = np.where(labels == k)[0]
+            rs.shuffle(idx)
+            props = rs.dirichlet(np.repeat(alpha, num_clients))
+            props = props * np.array([len(p) < n / num_clients for p in parts])
+            if props.sum() == 0:  # PFLlib divides by zero here; count the draw as failed
+                break
+            cuts = (np.cumsum(props / props.sum()) * len(idx)).astype(int)[:-1]
+            parts = [p + piece.tolist() for p, piece in zip(parts, np.split(idx, cuts), strict=True)]
+        else:
+            if min(len(p) for p in parts) >= least:
+                return [np.asarray(p, np.int64) for p in parts]
+    raise ValueError(
+        f"pfllib_dirichlet partition: no draw in {max_attempts} attempts gave every one of "
+        f"{num_clients} clients PFLlib's minimum of {least} samples (N={n}, "
+        f"dirichlet_alpha={alpha}); use fewer clients or a larger dirichlet_alpha."
+    )
+
+
+def pfllib_pathological(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int | np.random.RandomState = 1,
+    *,
+    classes_per_client: int = 2,
+    balance: bool = False,
+    min_size: int | None = None,
+) -> list[np.ndarray]:
+    """PFLlib's pathological non-IID split ("pat"): each client holds
+    `classes_per_client` classes.
+
+    Classes are dealt in order 0..K-1; class k goes to the first
+    ceil(C / K * classes_per_client) clients (by id) that still have a class slot
+    free, as contiguous runs of the class's indices in data order. Unbalanced
+    (`balance=False`, PFLlib's Fashion-MNIST command "noniid - pat"): all but the
+    last of those clients get randint(max(m / 10, least / K), m) samples, m = n_k /
+    their number, from RandomState(seed), and the last the rest; balanced: int(m)
+    each and the last the rest.
+
+    Args:
+      labels: [N] int labels in 0..K-1.
+      num_clients: C.
+      seed: the RandomState's seed (PFLlib: 1), or a RandomState.
+      classes_per_client: classes per client (PFLlib's Fashion-MNIST: 2).
+      balance: equal shares of a class among its clients.
+      min_size: PFLlib's least_samples (None: pfllib_least_samples(N, C)); it
+        only bounds the unbalanced draws from below (by min_size / K).
+
+    Returns:
+      C int64 index arrays, a disjoint cover of 0..N-1.
+
+    Raises:
+      ValueError: naming `classes_per_client` or `num_clients` where PFLlib's rule
+        would leave a class or a client without data (num_clients *
+        classes_per_client < K), or a class too small for the draws.
+    """
+    labels = np.asarray(labels)
+    n = len(labels)
+    num_classes = _num_classes(labels)
+    if isinstance(classes_per_client, bool) or not 1 <= classes_per_client <= num_classes:
+        raise ValueError(
+            f"classes_per_client must be in [1, num_classes={num_classes}], got {classes_per_client!r}."
+        )
+    if not 1 <= num_clients <= n or num_clients * classes_per_client < num_classes:
+        raise ValueError(
+            f"num_clients={num_clients} with classes_per_client={classes_per_client}: PFLlib's pathological "
+            f"split needs num_clients * classes_per_client >= num_classes={num_classes} (else classes get "
+            f"no client), and num_clients <= N={n}."
+        )
+    least = pfllib_least_samples(n, num_clients) if min_size is None else int(min_size)
+    rs = _legacy_rng(seed)
+    free = [classes_per_client] * num_clients
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    per_class = int(np.ceil(num_clients / num_classes * classes_per_client))
+    for k in range(num_classes):
+        chosen = [c for c in range(num_clients) if free[c] > 0][:per_class]
+        idx = np.flatnonzero(labels == k)
+        m = len(idx) / len(chosen)
+        if balance:
+            counts = [int(m)] * (len(chosen) - 1)
+        else:
+            low = max(m / 10, least / num_classes)
+            if len(chosen) > 1 and not low < m:
+                raise ValueError(
+                    f"pfllib_pathological partition: class {k} has {len(idx)} samples for {len(chosen)} "
+                    f"clients, too few for PFLlib's draw in [{low:g}, {m:g}); use fewer clients."
+                )
+            counts = rs.randint(low, m, len(chosen) - 1).tolist()
+        counts.append(len(idx) - sum(counts))
+        start = 0
+        for c, count in zip(chosen, counts, strict=True):
+            parts[c].append(idx[start : start + count])
+            start += count
+            free[c] -= 1
+    empty = [c for c in range(num_clients) if not parts[c] or not sum(len(p) for p in parts[c])]
+    if empty:
+        raise ValueError(
+            f"pfllib_pathological partition: clients {empty[:5]} get no data with num_clients={num_clients}, "
+            f"classes_per_client={classes_per_client}, num_classes={num_classes} (PFLlib fails here too); "
+            f"use num_clients <= num_classes / classes_per_client * ceil(...) or more classes_per_client."
+        )
+    return [np.concatenate(p).astype(np.int64) for p in parts]

@@ -128,9 +128,10 @@ FIELD_HELP = {
     "dataset": "fashion_mnist, simulation or tfds:<name> (default: fashion_mnist where its IDX files are)",
     "data_dir": "directory of the data files ('' : the source's default)",
     "data_seed": "seed of the partition; -1: seed",
-    "partition": "iid, dirichlet, shards, classes, dominant, groups (per-client sources: iid)",
-    "dirichlet_alpha": "> 0, partition=dirichlet",
-    "classes_per_client": ">= 1, partition=classes/shards",
+    "partition": "iid, dirichlet, shards, classes, dominant, groups, pfllib_dirichlet, pfllib_pathological "
+    "(per-client sources: iid)",
+    "dirichlet_alpha": "> 0, partition=dirichlet/pfllib_dirichlet",
+    "classes_per_client": ">= 1, partition=classes/shards/pfllib_pathological",
     "num_dominant": ">= 1, partition=dominant",
     "dominant_fraction": "in (0, 1], partition=dominant",
     "num_groups": ">= 1, partition=groups or permute_labels=group",

@@ -1,12 +1,13 @@
 """Tests for pfljax.data.partition on synthetic labels."""
 
 import hashlib
+import os
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from pfljax.data import build_federated_data, sources
+from pfljax.data import build_federated_data, idx, sources
 from pfljax.data import partition as part
 from pfljax.data.sources import Pooled
 
@@ -341,3 +342,153 @@ def test_builder_random_groups_as_in_the_paper(tiny):
 def test_builder_rejects_an_unknown_group_assignment(tiny):
     with pytest.raises(ValueError, match="group_assignment"):
         build_federated_data(tiny, 6, partition="iid", group_assignment="even")
+
+
+# PFLlib's splits (partition.pfllib_*). Fashion-MNIST-shaped labels: 7000 per class
+# (train + test merged), shuffled.
+def fmnist_like_labels(seed=0):
+    return np.random.default_rng(seed).permutation(np.repeat(np.arange(NUM_CLASSES), 7000))
+
+
+def assert_disjoint_cover(parts, n):
+    allidx = np.concatenate(parts)
+    assert len(allidx) == n and np.array_equal(np.sort(allidx), np.arange(n))
+
+
+def test_pfllib_least_samples_is_one_test_batch_or_half_a_share():
+    # int(min(10 / (1 - 0.75), N / C / 2)): PFLlib's Fashion-MNIST 40 = min(40, 1750).
+    assert part.pfllib_least_samples(70000, 20) == 40
+    assert part.pfllib_least_samples(1000, 20) == 25  # min(40, 25)
+    assert part.pfllib_least_samples(70000, 20, batch_size=32, train_ratio=0.8) == 160
+
+
+def test_pfllib_dirichlet_min_size_cover_and_seed():
+    labels = fmnist_like_labels()
+    parts = part.pfllib_dirichlet(labels, 20, 1, alpha=0.1)
+    assert len(parts) == 20
+    assert_disjoint_cover(parts, len(labels))
+    assert min(len(p) for p in parts) >= 40
+    # label skew: with alpha 0.1 most clients miss several classes
+    assert np.mean([(counts(labels, p) > 0).sum() for p in parts]) < 8
+    again = part.pfllib_dirichlet(labels, 20, np.random.RandomState(1), alpha=0.1)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    other = part.pfllib_dirichlet(labels, 20, 2, alpha=0.1)
+    assert any(not np.array_equal(a, b) for a, b in zip(parts, other, strict=True))
+
+
+def test_pfllib_dirichlet_redraws_until_every_client_has_the_minimum():
+    labels = make_labels()  # 2900 samples: least = min(40, 2900 / 20 / 2 = 72.5) = 40
+    sizes = [len(p) for p in part.pfllib_dirichlet(labels, 20, 0, alpha=0.1)]
+    assert min(sizes) >= 40 and sum(sizes) == len(labels)
+    # one draw alone rarely gives 20 clients 40 samples at alpha 0.1: the minimum is what redraws
+    sizes = [len(p) for p in part.pfllib_dirichlet(labels, 20, 0, alpha=0.1, min_size=0)]
+    assert min(sizes) < 40
+    with pytest.raises(ValueError, match="minimum of 1000 samples"):
+        part.pfllib_dirichlet(labels, 20, 0, alpha=0.1, min_size=1000, max_attempts=3)
+    with pytest.raises(ValueError, match="dirichlet_alpha must be > 0"):
+        part.pfllib_dirichlet(labels, 20, 0, alpha=0.0)
+    with pytest.raises(ValueError, match="seed must be an int"):
+        part.pfllib_dirichlet(labels, 20, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("balance", [False, True])
+def test_pfllib_pathological_two_classes_per_client(balance):
+    labels = fmnist_like_labels()
+    parts = part.pfllib_pathological(labels, 20, 1, classes_per_client=2, balance=balance)
+    assert_disjoint_cover(parts, len(labels))
+    for c, p in enumerate(parts):
+        present = np.flatnonzero(counts(labels, p))
+        # class k goes to the first ceil(20 / 10 * 2) = 4 clients with a slot left
+        assert present.tolist() == [2 * (c // 4), 2 * (c // 4) + 1]
+    for k in range(NUM_CLASSES):
+        shares = [counts(labels, parts[4 * (k // 2) + j])[k] for j in range(4)]
+        assert sum(shares) == 7000
+        if balance:
+            assert shares == [1750, 1750, 1750, 1750]
+        else:  # randint(max(1750 / 10, 40 / 10), 1750) for all but the last
+            assert all(175 <= s < 1750 for s in shares[:3]) and shares[3] == 7000 - sum(shares[:3])
+    again = part.pfllib_pathological(labels, 20, 1, classes_per_client=2, balance=balance)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_pfllib_pathological_refuses_splits_that_leave_data_out():
+    labels = fmnist_like_labels()
+    with pytest.raises(ValueError, match="num_clients \\* classes_per_client >= num_classes=10"):
+        part.pfllib_pathological(labels, 4, 1, classes_per_client=2)
+    with pytest.raises(ValueError, match="classes_per_client must be in \\[1, num_classes=10\\]"):
+        part.pfllib_pathological(labels, 20, 1, classes_per_client=11)
+
+
+@pytest.mark.parametrize("partition", ["pfllib_dirichlet", "pfllib_pathological"])
+def test_builder_pfllib_partitions_split_each_client_75_25(monkeypatch, partition):
+    def pooled(*, data_dir=None, seed=0):
+        y = fmnist_like_labels(3)[:4000].astype(np.int32)
+        x = np.random.default_rng(4).normal(size=(4000, 2)).astype(np.float32)
+        return Pooled(x[:3000], y[:3000], x[3000:], y[3000:], NUM_CLASSES)
+
+    monkeypatch.setitem(sources.SOURCES, "pfl_pool", sources.SourceSpec(pooled, False, None))
+    args = dict(partition=partition, dirichlet_alpha=0.1, classes_per_client=2, test_fraction=0.25, seed=1)
+    fd = build_federated_data("pfl_pool", 20, **args)
+    y_all = np.concatenate([pooled()[1], pooled()[3]])
+    fn = part.pfllib_dirichlet if partition == "pfllib_dirichlet" else part.pfllib_pathological
+    kw = dict(alpha=0.1) if partition == "pfllib_dirichlet" else dict(classes_per_client=2)
+    expected = fn(y_all, 20, 1, **kw)  # train and test merged, seeded with data seed 1
+    assert fd.summary["totals"]["train"] + fd.summary["totals"]["test"] == 4000
+    for client, members in zip(fd.summary["clients"], expected, strict=True):
+        n = len(members)
+        assert client["train"] + client["test"] == n
+        assert client["test"] == round(0.25 * n)  # PFLlib: n - floor(0.75 n), within one
+        assert abs(client["test"] - (n - int(0.75 * n))) <= 1
+        assert client["source_classes"] == sorted(np.unique(y_all[members]).tolist())
+    if partition == "pfllib_pathological":
+        assert all(len(c["source_classes"]) == 2 for c in fd.summary["clients"])
+    with pytest.raises(ValueError, match="classes_per_client must be in \\[1, num_classes=10\\]"):
+        build_federated_data(
+            "pfl_pool", 20, **(args | dict(partition="pfllib_pathological", classes_per_client=0))
+        )
+    with pytest.raises(ValueError, match="dirichlet_alpha must be > 0"):
+        build_federated_data(
+            "pfl_pool", 20, **(args | dict(partition="pfllib_dirichlet", dirichlet_alpha=-1))
+        )
+
+
+FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.skipif(
+    not os.path.isfile(os.path.join(FMNIST_DIR, "train-images-idx3-ubyte.gz")),
+    reason="Fashion-MNIST IDX files absent (Debian package dataset-fashion-mnist)",
+)
+@pytest.mark.parametrize(
+    "name,sizes,digest",
+    [
+        (
+            "dir",
+            [82, 320, 875, 2603, 1455, 5473, 4385, 4461, 5560, 3556]
+            + [6170, 6803, 8551, 626, 1328, 195, 2937, 4832, 5090, 4698],
+            "ea9ffc349fd19d6f",
+        ),
+        (
+            "pat",
+            [2316, 1300, 2293, 8091, 2059, 1002, 1893, 9046, 2933, 1909]
+            + [2564, 6594, 2332, 1925, 1000, 8743, 1913, 1683, 3116, 7288],
+            "e91739db9ad9b835",
+        ),
+    ],
+)
+def test_pfllib_splits_of_fashion_mnist_are_pfllibs_files(name, sizes, digest):
+    """Client index sets of the merged 70000 labels (train then test, file order), seed 1.
+    Sizes and digest were checked equal to what PFLlib's own separate_data (commit
+    d832e76, np.random.seed(1), `noniid - dir` / `noniid - pat`) returns for the same
+    labels, by running it once outside this repository."""
+    d = idx.load_fashion_mnist(FMNIST_DIR)
+    y = np.concatenate([d["y_train"], d["y_test"]])
+    if name == "dir":
+        parts = part.pfllib_dirichlet(y, 20, 1, alpha=0.1)
+    else:
+        parts = part.pfllib_pathological(y, 20, 1, classes_per_client=2)
+    assert [len(p) for p in parts] == sizes
+    digest_of = hashlib.sha256()
+    for p in parts:
+        digest_of.update(np.asarray(p, np.int64).tobytes())
+    assert digest_of.hexdigest()[:16] == digest

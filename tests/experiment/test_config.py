@@ -128,3 +128,26 @@ def test_an_unknown_tfds_name_is_one_short_line_with_close_names(monkeypatch):
         "(did you mean 'cifar10' or 'cifar100'?) "
         "(444 known: tfds.list_builders())"
     )
+
+
+def test_pfllib_fmnist_config_is_pfllibs_setting_and_bad_values_name_the_field():
+    from pfljax.experiment.configs import pfllib_fmnist  # pylint: disable=import-outside-toplevel
+
+    for arg, partition in (("dir", "pfllib_dirichlet"), ("pat", "pfllib_pathological")):
+        config = pfllib_fmnist.get_config(arg)
+        C.validate(config)
+        assert config.partition == partition and config.data_seed == 1
+        assert (config.num_clients, config.clients_per_round, config.test_fraction) == (20, 0, 0.25)
+        assert (config.optimizer, config.learning_rate, config.momentum) == ("sgd", 0.005, 0.0)
+        assert (config.batch_size, config.local_epochs, config.rounds, config.eval_every) == (10, 1, 2000, 1)
+    assert pfllib_fmnist.get_config("dir").dirichlet_alpha == 0.1
+    assert pfllib_fmnist.get_config("pat").classes_per_client == 2
+    with pytest.raises(ValueError, match=r"one of \('dir', 'pat'\); got 'exdir'"):
+        pfllib_fmnist.get_config("exdir")
+    config = pfllib_fmnist.get_config("dir")
+    config.partition = "pfllib_dirichle"
+    with pytest.raises(C.ConfigError) as e:
+        C.validate(config)
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("config.partition must be one of")
+    assert "'pfllib_dirichlet'" in message and "'pfllib_pathological'" in message

@@ -24,3 +24,25 @@ def test_shapes_and_layer_names(name, shape):
 def test_unknown_model():
     with pytest.raises(ValueError, match="model must be one of"):
         build_model("resnet1000", (3,), 2)
+
+
+def test_cnn_with_fedavgcnn_sizes_has_pfllib_fedavgcnn_parameter_count():
+    # PFLlib's FedAvgCNN(in_features=1, num_classes=10, dim=1024) on 28x28x1:
+    # conv1 5x5, 1 -> 32:    5*5*1*32 + 32 =     832   (28 -> 24, pool -> 12)
+    # conv2 5x5, 32 -> 64:   5*5*32*64 + 64 = 51,264   (12 -> 8, pool -> 4)
+    # fc1 4*4*64 = 1024 -> 512: 1024*512 + 512 = 524,800
+    # fc 512 -> 10:          512*10 + 10 =    5,130
+    # total 832 + 51,264 + 524,800 + 5,130 = 582,026
+    from pfljax.experiment.configs import pfllib_fmnist  # pylint: disable=import-outside-toplevel
+
+    kwargs = pfllib_fmnist.get_config().model_kwargs.to_dict()
+    model = build_model("cnn", (28, 28, 1), 10, **kwargs)
+    v = model.init(jax.random.key(0))
+    shapes = {k: {n: p.shape for n, p in layer.items()} for k, layer in v["params"].items()}
+    assert shapes == {
+        "conv_0": {"kernel": (5, 5, 1, 32), "bias": (32,)},
+        "conv_1": {"kernel": (5, 5, 32, 64), "bias": (64,)},
+        "dense_0": {"kernel": (1024, 512), "bias": (512,)},
+        "head": {"kernel": (512, 10), "bias": (10,)},
+    }
+    assert sum(p.size for p in jax.tree_util.tree_leaves(v)) == 582_026
