@@ -3,7 +3,8 @@
 Exit codes: 0 the run completed; 2 bad input (one line `error: ...` on stderr
 naming the flag, its value and what is allowed, before any training); 3 a run
 diverged (non-finite loss or parameters; one line naming the round, the
-algorithm and the usual knobs; outputs up to the round before are kept).
+algorithm and the usual knobs; outputs up to the round before are kept); 4 the
+device ran out of memory (one line; outputs written so far are kept).
 Anything else (1) is a bug: please report its traceback.
 
 `--config` takes a config file (`path.py[:argument]`) or the name of a shipped
@@ -13,6 +14,7 @@ binaries run from any directory once pfljax is installed.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.util
 import logging as std_logging
@@ -24,6 +26,7 @@ from absl import flags
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
+EXIT_OUT_OF_MEMORY = 4
 HELP_FLAGS = ("-h", "--help", "-help", "--helpfull", "--helpshort", "-?")
 SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../pfljax
@@ -33,6 +36,24 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     """Prints `error: message` on one line to stderr and exits with `code` (2: bad input)."""
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     sys.exit(code)
+
+
+@contextlib.contextmanager
+def out_of_memory_exits(workdir: str):
+    """Turns a device out-of-memory error (XLA's RESOURCE_EXHAUSTED, at compile or run
+    time) into one line and exit code 4; files already written in `workdir` stay."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001  jax.errors.JaxRuntimeError, without importing jax here
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        fail(
+            f"out of device memory: {str(e).strip().splitlines()[0][:200]}. What was written in {workdir} "
+            "is kept (rerunning resumes from its last checkpoint). A round needs less memory with "
+            "--config.client_map=map and a --config.chunk_size, fewer clients per round or a smaller "
+            "batch_size; other processes on the device take its memory too",
+            EXIT_OUT_OF_MEMORY,
+        )
 
 
 def shipped_configs() -> list[str]:

@@ -12,7 +12,8 @@ results.md (mean +- std over seeds), results.json and results.csv (every
 seed's value and status), accuracy.png and loss.png go to <workdir>. A log line
 when each run starts and ends. This is what `make demo` runs.
 Exit codes: 0 every run completed; 2 bad input (one line, nothing trained);
-3 some run diverged (the table marks it; the other runs completed).
+3 some run diverged (the table marks it; the other runs completed); 4 out of
+device memory (one line; the runs written so far are kept).
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ import sys
 
 from absl import app, flags
 
-from pfljax.experiment.cli import EXIT_DIVERGED, define_config_flag, fail, parse_flags, set_usage, start
+from pfljax.experiment.cli import (
+    EXIT_DIVERGED,
+    define_config_flag,
+    fail,
+    out_of_memory_exits,
+    parse_flags,
+    set_usage,
+    start,
+)
 
 USAGE = __doc__
 _CONFIG = define_config_flag()
@@ -94,15 +103,16 @@ def main(argv):
     names = parse_algorithms(_ALGORITHMS.value)
     try:
         grid = parse_grid(_GRID.value) if _GRID.value is not None else None
-        out = compare(
-            _CONFIG.value,
-            names,
-            seeds,
-            _WORKDIR.value,
-            vectorize=_VECTORIZE.value,
-            grid=grid,
-            replica_strategy=_REPLICA_MAP.value,
-        )
+        with out_of_memory_exits(_WORKDIR.value):
+            out = compare(
+                _CONFIG.value,
+                names,
+                seeds,
+                _WORKDIR.value,
+                vectorize=_VECTORIZE.value,
+                grid=grid,
+                replica_strategy=_REPLICA_MAP.value,
+            )
     except (ConfigError, ValueError) as e:
         fail(str(e))
     print(out["table"])

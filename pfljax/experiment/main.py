@@ -11,7 +11,8 @@ events and checkpoints into --workdir; rerunning the same command resumes from
 the latest checkpoint. Off a terminal, progress goes to stderr as log lines.
 Exit codes: 0 completed; 2 bad input (one line on stderr, nothing trained);
 3 the run diverged (one line naming the round, the algorithm and the usual
-knobs; summary.json has "status": "diverged").
+knobs; summary.json has "status": "diverged"); 4 out of device memory (one line;
+what was written is kept, rerunning resumes).
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ import sys
 
 from absl import app, flags
 
-from pfljax.experiment.cli import EXIT_DIVERGED, define_config_flag, fail, parse_flags, set_usage, start
+from pfljax.experiment.cli import (
+    EXIT_DIVERGED,
+    define_config_flag,
+    fail,
+    out_of_memory_exits,
+    parse_flags,
+    set_usage,
+    start,
+)
 
 USAGE = __doc__
 _CONFIG = define_config_flag()
@@ -36,7 +45,8 @@ def main(argv):
     from pfljax.experiment import ConfigError, train_and_evaluate  # pylint: disable=import-outside-toplevel
 
     try:
-        summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        with out_of_memory_exits(_WORKDIR.value):
+            summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except ConfigError as e:
         fail(str(e))
     if summary["status"] == "diverged":

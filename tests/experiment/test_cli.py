@@ -289,3 +289,24 @@ def test_installed_binaries_run_from_any_directory(tmp_path):
     assert (
         "pfljax/experiment/configs/federico_fmnist.py:permuted_9: ValueError: config argument" in proc.stderr
     )
+
+
+def test_out_of_device_memory_is_one_line_and_exit_4(tmp_path, capsys):
+    import jax
+
+    from pfljax.experiment.cli import EXIT_OUT_OF_MEMORY, out_of_memory_exits
+
+    kept = tmp_path / "metrics.jsonl"
+    with pytest.raises(SystemExit) as exit_info, out_of_memory_exits(str(tmp_path)):
+        kept.write_text('{"round": 1}\n')
+        raise jax.errors.JaxRuntimeError(
+            "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 5.88GiB with allocator GPU_0_bfc\n"
+            "second line of XLA's message"
+        )
+    assert exit_info.value.code == EXIT_OUT_OF_MEMORY == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: out of device memory: RESOURCE_EXHAUSTED")
+    assert "5.88GiB" in err[0] and "second line" not in err[0] and "--config.client_map=map" in err[0]
+    assert kept.read_text() == '{"round": 1}\n'  # what was written stays
+    with pytest.raises(jax.errors.JaxRuntimeError), out_of_memory_exits(str(tmp_path)):
+        raise jax.errors.JaxRuntimeError("INTERNAL: some other failure")  # not memory: a bug, as before
