@@ -14,9 +14,12 @@ the rounds each method reached, and the accuracies at the last round that every
 method reached with every seed ("common round"), so rows compare like with like.
 
 METHODS maps a row name to an algorithm and config overrides: the pfljax
-defaults, plus `pfedme_pfllib`, pFedMe with PFLlib's main.py values of lam (1)
-and the personal rate (0.01) since the pfljax defaults (the pFedMe authors' MNIST
-command, lam 15 and 0.1) diverge in round 1 with this CNN.
+defaults, plus two rows for methods whose paper defaults diverge in round 1
+under this protocol's plain SGD: `pfedme_pfllib`, pFedMe with PFLlib's main.py
+values of lam (1) and the personal rate (0.01) instead of the pFedMe authors'
+MNIST command (lam 15, 0.1; see experiments/pfedme_stability.py), and
+`federico_mean`, FedeRiCo with m_step="mean" (the gradient scale plain SGD
+needs; the paper's "sum" is meant for Adam).
 The table (markdown, to stdout): best and final sample-weighted mean test accuracy
 (PFLlib's metric) over the rounds run, mean +- std over seeds.
 """
@@ -49,6 +52,7 @@ METHODS = {
     "factorized_fl": ("factorized_fl", ()),
     "pfedla": ("pfedla", ()),
     "federico": ("federico", ()),
+    "federico_mean": ("federico", ("--config.federico.m_step=mean",)),
 }
 
 flags.DEFINE_enum("setting", "dir", ["dir", "pat"], "PFLlib split: Dirichlet 0.1 or pathological")
