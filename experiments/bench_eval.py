@@ -1,0 +1,81 @@
+"""Evaluation rows per forward pass (`pfljax.core.evaluate.EVAL_CHUNK`): time of one evaluation.
+
+    python -m experiments.bench_eval [--chunks=128,512] [--setting=dir] [--repeats=5]
+
+Evaluates the FedAvgCNN of `pfllib_fmnist.py:<setting>` (20 clients, all test rows) with
+`pfljax.core.evaluate.evaluate_clients`, clients vmapped, jitted once per chunk size; times
+the chunk sizes interleaved (--repeats times) and prints one JSON line per chunk with the
+median seconds, every repeat's seconds and the backend. Larger chunks keep more
+activations live at once (C x chunk rows per forward pass, times seed replicas).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+
+from pfljax.core import evaluate
+from pfljax.experiment.config import make_data, make_model, resolve
+from pfljax.experiment.configs import pfllib_fmnist
+
+flags.DEFINE_list("chunks", ["128", "512"], "rows per forward pass to compare")
+flags.DEFINE_enum("setting", "dir", ["dir", "pat"], "PFLlib split")
+flags.DEFINE_integer("repeats", 5, "timed evaluations per chunk size")
+FLAGS = flags.FLAGS
+
+
+def compiled_accuracy(apply_fn, chunk: int, args):
+    """(stacked variables [C, ...], test pool) -> accuracy [C], compiled for `args`, `chunk` rows a pass."""
+
+    def client_map(fn, clients):
+        return jax.vmap(fn)(clients)
+
+    def run(stacked, test):
+        def variables_of(c):
+            return jax.tree.map(lambda a: a[c], stacked)
+
+        return evaluate.evaluate_clients(apply_fn, variables_of, test, client_map)["accuracy"]
+
+    old = evaluate.predict_rows.__defaults__
+    evaluate.predict_rows.__defaults__ = (chunk,)  # evaluate_client uses the default
+    try:
+        return jax.jit(run).lower(*args).compile()
+    finally:
+        evaluate.predict_rows.__defaults__ = old
+
+
+def main(argv):
+    del argv
+    chunks = [int(c) for c in FLAGS.chunks]
+    config, _ = resolve(pfllib_fmnist.get_config(FLAGS.setting))
+    fed = make_data(config)
+    model = make_model(config, fed)
+    variables = model.init(jax.random.key(0))
+    test = fed.data.test
+    clients = test.count.shape[0]
+    stacked = jax.tree.map(lambda a: jnp.broadcast_to(a, (clients,) + a.shape), variables)
+    args = (stacked, test)
+    fns = {c: compiled_accuracy(model.apply, c, args) for c in chunks}
+    accs = {c: jax.block_until_ready(fns[c](*args)) for c in chunks}
+    times = {c: [] for c in chunks}
+    for _ in range(FLAGS.repeats):
+        for c in chunks:
+            start = time.perf_counter()
+            jax.block_until_ready(fns[c](*args))
+            times[c].append(time.perf_counter() - start)
+    for c in chunks:
+        print(json.dumps({
+            "eval_chunk": c, "clients": clients, "test_rows": int(test.x.shape[0]),
+            "median_s": round(statistics.median(times[c]), 3), "all_s": [round(t, 3) for t in times[c]],
+            "same_accuracy_as_first": bool(jnp.allclose(accs[c], accs[chunks[0]])),
+            "backend": jax.default_backend(),
+        }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    app.run(main)
