@@ -277,6 +277,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.replicate_data = False  # with several devices: ClientData on every device, not sharded
     config.eval_every = 1
     config.checkpoint_every = 5  # 0: only at the end
+    # Rounds run as one compiled program between host visits (0: auto, up to the next
+    # checkpoint or the end, at most MAX_BLOCK_ROUNDS; 1: one dispatch per round).
+    config.block_rounds = 0
     # Client-level differential privacy (pfljax.core.privacy, DP-FedAvg): each upload
     # clipped to clip_norm, Gaussian noise noise_multiplier * clip_norm on the sum;
     # delta 0: 1 / num_clients^1.1; target_epsilon 0: no budget (else the run stops
@@ -431,6 +434,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _one_of(config, "local_loop", LOOPS)
     _in_range(config, "eval_every", 1)
     _in_range(config, "checkpoint_every", 0, note=" (0: only at the end)")
+    _in_range(config, "block_rounds", 0, note=" (0: auto)")
     devices = jax.device_count()
     _in_range(config, "num_devices", 0, devices, note=" (0: all visible devices)")
     _one_of(config, "model", sorted(MODELS))
