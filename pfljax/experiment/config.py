@@ -103,6 +103,7 @@ RESUMABLE_FIELDS = (
     "num_devices",
     "replicate_data",
     "data_dir",
+    "block_rounds",
 )
 
 
