@@ -8,7 +8,9 @@ stay uint8 codes with a 256-entry table of their float values):
 * Pooled sources (Fashion-MNIST, TFDS): the source's train and test splits are
   pooled, partitioned among clients (`partition`), optionally capped
   (`samples_per_client`, class-stratified), then each client's share is split
-  into train/test with `test_fraction`, stratified by label.
+  into train/test with `test_fraction`, stratified by label (`test_split=
+  "stratified"`) or as PFLlib splits it (`test_split="pfllib"`: sklearn's shuffled
+  train_test_split on PFLlib's numpy stream, `partition.pfllib_train_test_split`).
 * Per-client sources (the FedFac simulation, the "sine" toy): the data are
   already per client; only `partition="iid"` is accepted and means "keep the
   generator's clients" (the partition arguments are ignored); the cap and the
@@ -39,6 +41,8 @@ from pfljax.data import sources
 
 PARTITIONS = ("iid", "dirichlet", "shards", "classes", "dominant", "groups")
 PARTITIONS += ("pfllib_dirichlet", "pfllib_pathological")  # PFLlib's "dir" and "pat"
+# How each client's share is split into train and test (`test_split`).
+TEST_SPLITS = ("stratified", "pfllib")
 
 
 class FederatedData(NamedTuple):
@@ -142,6 +146,7 @@ def build_federated_data(
     permute_labels: str = "none",
     samples_per_client: int | None = None,
     test_fraction: float = 0.2,
+    test_split: str = "stratified",
     min_samples_per_client: int = 10,
     seed: int = 0,
     data_dir: str | None = None,
@@ -172,12 +177,11 @@ def build_federated_data(
         empty); random draws use default_rng([seed, 1]), so they leave the
         partition's other draws unchanged (partition.assign_groups).
       permute_labels: "none", "client" or "group" (see partition.label_maps).
-      samples_per_client: cap per client (class-stratified) before the
-        train/test split; None for no cap.
+      samples_per_client: cap per client (class-stratified) before the split; None: none.
       test_fraction: share of each client's samples held out, in (0, 1).
+      test_split: one of TEST_SPLITS, "stratified" or "pfllib" (see `_split_one`).
       min_samples_per_client: minimum client size for "dirichlet".
-      seed: seeds the partition, cap, split, permutations and generated
-        sources.
+      seed: seeds the partition, cap, split, permutations and generated sources.
       data_dir: source directory (IDX files, TFDS data_dir).
       source_kwargs: extra options for the source (e.g. samples_per_client,
         p, alpha for the simulation; standardize; prepare_from for TFDS).
@@ -195,10 +199,10 @@ def build_federated_data(
     group_ids = _group_ids(o)
     source = _load_source(o, spec)
     _check_class_args(o, source.num_classes)
-    rng = np.random.default_rng(seed)  # draws the partition (not PFLlib's), the cap and the split
-    share = _client_shares(o, spec, source, rng, group_ids)
+    rngs = (np.random.default_rng(seed), _pfllib_stream(o))  # see _partition, _split_one
+    share = _client_shares(o, spec, source, rngs, group_ids)
     maps, model_classes = _label_maps(o, source.num_classes, share.class_sets, group_ids)
-    splits, clients = _split_clients(o, share, maps, model_classes, group_ids, rng)
+    splits, clients = _split_clients(o, share, maps, model_classes, group_ids, rngs)
     train, test = (pool_clients(*splits[s], share.levels) for s in ("train", "test"))
     input_shape = tuple(int(s) for s in train.x.shape[1:])
     summary = _summary(o, share.regression, source.num_classes, model_classes, input_shape, clients)
@@ -223,6 +227,7 @@ class _Options(NamedTuple):
     permute_labels: str
     samples_per_client: int | None
     test_fraction: float
+    test_split: str
     min_samples_per_client: int
     seed: int
     data_dir: str | None
@@ -273,6 +278,14 @@ def _check_options(o: _Options, spec: sources.SourceSpec) -> None:
         )
 
 
+def _pfllib_stream(o: _Options) -> np.random.RandomState | None:
+    """numpy's legacy RandomState(seed), PFLlib's `np.random.seed(seed)` global stream,
+    where a pfllib_* partition or the "pfllib" split draws from it; else None."""
+    if o.partition.startswith("pfllib_") or o.test_split == "pfllib":
+        return np.random.RandomState(o.seed)
+    return None
+
+
 def _group_ids(o: _Options) -> np.ndarray:
     """[C] group of each client: drawn by `group_assignment` where groups are used
     (default_rng([seed, 1]): the other draws stay unchanged), else balanced."""
@@ -291,13 +304,15 @@ def _load_source(o: _Options, spec: sources.SourceSpec) -> sources.Pooled | sour
     return spec.load(data_dir=o.data_dir, seed=o.seed, **kwargs)
 
 
-def _client_shares(o: _Options, spec, source, rng: np.random.Generator, group_ids) -> _Shares:
+def _client_shares(o: _Options, spec, source, rngs, group_ids) -> _Shares:
     """Each client's share: a per-client source's clients as generated, or the pooled
-    source partitioned; then capped at samples_per_client (class-stratified)."""
+    source partitioned; then capped at samples_per_client (class-stratified).
+    rngs: (Generator, PFLlib's RandomState stream or None)."""
+    rng = rngs[0]
     if spec.per_client:
         share = _per_client_shares(o, source)
     else:
-        share = _pooled_shares(o, source, rng, group_ids)
+        share = _pooled_shares(o, source, rngs, group_ids)
     if o.samples_per_client is None:
         return share
     parts = [
@@ -321,7 +336,7 @@ def _per_client_shares(o: _Options, source: sources.PerClient) -> _Shares:
     return _Shares(pools, [np.arange(len(y)) for y in source.ys], None, source.truth, regression)
 
 
-def _pooled_shares(o: _Options, source: sources.Pooled, rng: np.random.Generator, group_ids) -> _Shares:
+def _pooled_shares(o: _Options, source: sources.Pooled, rngs, group_ids) -> _Shares:
     """A pooled source's train and test splits pooled, then partitioned among the clients."""
     x_all = np.concatenate([source.x_train, source.x_test])
     y_all = np.concatenate([source.y_train, source.y_test])
@@ -329,13 +344,14 @@ def _pooled_shares(o: _Options, source: sources.Pooled, rng: np.random.Generator
         raise ValueError(
             f"num_clients={o.num_clients} exceeds the {len(y_all)} samples of dataset={o.dataset!r}."
         )
-    parts, class_sets = _partition(o, y_all, source.num_classes, rng, group_ids)
+    parts, class_sets = _partition(o, y_all, source.num_classes, rngs, group_ids)
     return _Shares([(x_all, y_all)] * o.num_clients, parts, class_sets, None, False, source.levels)
 
 
-def _split_clients(o: _Options, share: _Shares, maps, model_classes: int, group_ids, rng):
-    """Splits each client's share into train and test (stratified by label), labels
-    mapped to the model's (maps[c]; real-valued targets as float32).
+def _split_clients(o: _Options, share: _Shares, maps, model_classes: int, group_ids, rngs):
+    """Splits each client's share into train and test (`test_split`), labels mapped
+    to the model's (maps[c]; real-valued targets as float32). rngs: (Generator,
+    PFLlib's RandomState stream or None).
 
     Returns:
       ({"train": (xs, ys), "test": (xs, ys)}, each C arrays; C summary entries).
@@ -346,7 +362,7 @@ def _split_clients(o: _Options, share: _Shares, maps, model_classes: int, group_
     splits = {"train": ([], []), "test": ([], [])}
     clients = []
     for c, (idx, (x, y), strata) in enumerate(zip(share.parts, share.pools, share.strata, strict=True)):
-        train_pos, test_pos = part.stratified_split(strata[idx], o.test_fraction, rng)
+        train_pos, test_pos = _split_one(o, strata[idx], rngs)
         for name, pos in (("train", train_pos), ("test", test_pos)):
             targets = y[idx[pos]]
             splits[name][0].append(x[idx[pos]])
@@ -364,6 +380,18 @@ def _split_clients(o: _Options, share: _Shares, maps, model_classes: int, group_
         y_train, y_test = splits["train"][1][-1], splits["test"][1][-1]
         clients.append(_client_summary(c, group, labels, maps[c], y_train, y_test, model_classes))
     return splits, clients
+
+
+def _split_one(o: _Options, strata: np.ndarray, rngs) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) positions of one client's samples, by `test_split`: "stratified"
+    (per label, round(test_fraction * n) test samples, partition.stratified_split,
+    from the Generator rngs[0]) or "pfllib" (PFLlib's split_data: floor((1 -
+    test_fraction) * n) train samples, one permutation per client in client order,
+    from the RandomState rngs[1] right after a pfllib_* partition's draws, as
+    PFLlib's global numpy stream; partition.pfllib_train_test_split)."""
+    if o.test_split == "pfllib":
+        return part.pfllib_train_test_split(len(strata), 1.0 - o.test_fraction, rngs[1])
+    return part.stratified_split(strata, o.test_fraction, rngs[0])
 
 
 def _client_summary(c: int, group, labels, label_map, y_train, y_test, model_classes: int) -> dict:
@@ -397,6 +425,7 @@ def _summary(o: _Options, regression: bool, num_classes: int, model_classes: int
         "permute_labels": o.permute_labels,
         "num_groups": o.num_groups if o.uses_groups else None,
         "test_fraction": o.test_fraction,
+        "test_split": o.test_split,
         "seed": o.seed,
         "totals": {"train": sum(c["train"] for c in clients), "test": sum(c["test"] for c in clients)},
         # Source classes in no client's data (random class draws can leave some out).
@@ -415,15 +444,15 @@ def _class_counts(labels: np.ndarray, num_classes: int) -> list[int]:
     return np.bincount(np.asarray(labels, np.int64), minlength=num_classes)[:num_classes].tolist()
 
 
-def _partition(o: _Options, labels, num_classes: int, rng: np.random.Generator, group_ids):
+def _partition(o: _Options, labels, num_classes: int, rngs, group_ids):
     """Runs the named partitioner: (C index arrays, the groups' class sets for "groups"
-    else None). PFLlib's splits draw from RandomState(seed), as PFLlib's
-    np.random.seed (partition.pfllib_*); the others from `rng`."""
-    c, k = o.num_clients, o.classes_per_client
+    else None). PFLlib's splits draw from rngs[1], RandomState(seed) as PFLlib's
+    np.random.seed (partition.pfllib_*); the others from the Generator rngs[0]."""
+    c, k, (rng, legacy) = o.num_clients, o.classes_per_client, rngs
     if o.partition == "pfllib_dirichlet":
-        return part.pfllib_dirichlet(labels, c, o.seed, alpha=o.dirichlet_alpha), None
+        return part.pfllib_dirichlet(labels, c, legacy, alpha=o.dirichlet_alpha), None
     if o.partition == "pfllib_pathological":
-        return part.pfllib_pathological(labels, c, o.seed, classes_per_client=k), None
+        return part.pfllib_pathological(labels, c, legacy, classes_per_client=k), None
     if o.partition == "iid":
         return part.iid(labels, c, rng), None
     if o.partition == "dirichlet":
@@ -482,6 +511,8 @@ def _check_args(o: _Options, per_client: bool) -> None:
         raise ValueError(f"samples_per_client must be None or >= 1, got {o.samples_per_client!r}.")
     if not 0 < o.test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {o.test_fraction!r}.")
+    if o.test_split not in TEST_SPLITS:
+        raise ValueError(f"test_split={o.test_split!r} is unknown; allowed values: {TEST_SPLITS}.")
     if not o.min_samples_per_client >= 0:
         raise ValueError(f"min_samples_per_client must be >= 0, got {o.min_samples_per_client!r}.")
 

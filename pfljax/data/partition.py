@@ -21,7 +21,8 @@ label permutations) are separate: see `label_maps`.
 * `pfllib_dirichlet`, `pfllib_pathological`: PFLlib's "dir" and "pat" splits
   with its minimum client size (`pfllib_least_samples`), drawn from the legacy
   `numpy.random.RandomState(seed)` in PFLlib's order (they take a seed, not a
-  Generator).
+  Generator); `pfllib_train_test_split` is PFLlib's per-client train/test split
+  (sklearn's shuffled train_test_split) on the same stream.
 """
 
 from __future__ import annotations
@@ -765,3 +766,37 @@ def _pathological_shares(
             )
         counts = rs.randint(low, m, num_chosen - 1).tolist()
     return counts + [size - sum(counts)]
+
+
+def pfllib_train_test_split(
+    n: int, train_ratio: float = PFLLIB_TRAIN_RATIO, rs: np.random.RandomState | int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """PFLlib's per-client split: sklearn's train_test_split(train_size=train_ratio,
+    shuffle=True) with no random_state, i.e. from numpy's global RandomState.
+
+    sklearn (ShuffleSplit) takes n_train = floor(train_ratio * n), n_test = n -
+    n_train, draws one `rs.permutation(n)` and returns its tail as train and its
+    head as test, in that order; the same here, so `rs` (PFLlib's global stream,
+    after its partition's draws) advances exactly as in PFLlib.
+
+    Args:
+      n: the client's number of samples.
+      train_ratio: PFLlib's train_ratio (0.75), in (0, 1).
+      rs: the RandomState (or its seed).
+
+    Returns:
+      (train_pos, test_pos): int64 positions into the client's samples, in
+      sklearn's order.
+
+    Raises:
+      ValueError: naming `test_fraction` where the train part would be empty (as
+        sklearn raises).
+    """
+    n_train = int(np.floor(train_ratio * n))
+    if n_train == 0:
+        raise ValueError(
+            f"PFLlib's train/test split of {n} samples with train share {train_ratio} (1 - test_fraction) "
+            f"leaves no training sample; use a smaller test_fraction or more samples per client."
+        )
+    perm = _legacy_rng(rs).permutation(n).astype(np.int64)
+    return perm[n - n_train :], perm[: n - n_train]

@@ -78,9 +78,9 @@ class SourceSpec(NamedTuple):
     num_classes: int | None
 
 
-def _fashion_mnist(*, data_dir=None, seed=0, standardize=False) -> Pooled:
+def _fashion_mnist(*, data_dir=None, seed=0, standardize=False, pixel_scale="unit") -> Pooled:
     del seed  # deterministic source
-    d = idx.load_fashion_mnist(data_dir, standardize=standardize, codes=True)
+    d = idx.load_fashion_mnist(data_dir, standardize=standardize, codes=True, pixel_scale=pixel_scale)
     return Pooled(d["x_train"], d["y_train"], d["x_test"], d["y_test"], 10, d["levels"])
 
 
@@ -153,7 +153,7 @@ def load_source(name: str, *, data_dir: str | None = None, seed: int = 0, **kwar
     """Loads a data source by name.
 
     Args:
-      name: "fashion_mnist" (IDX files; kwargs: standardize), "simulation"
+      name: "fashion_mnist" (IDX files; kwargs: standardize, pixel_scale), "simulation"
         (FedFac model (8); kwargs: num_clients, samples_per_client, d, m, p,
         alpha, noise_scale, label_rule), "tfds:<name>" (kwargs: splits --
         default ("train", "test"); the first becomes x_train, the others are

@@ -42,6 +42,8 @@ from pfljax.core.local import LOOPS, LocalTraining
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
 from pfljax.data import FederatedData, build_federated_data
+from pfljax.data.federated import TEST_SPLITS
+from pfljax.data.idx import PIXEL_SCALES
 from pfljax.models import MODELS, Model, build_model
 
 IDX_DIR = "/usr/share/datasets/fashion-mnist"
@@ -110,7 +112,7 @@ RESUMABLE_FIELDS = (
 # The `config.source.<option>` fields each built-in source takes (others are refused).
 SOURCE_OPTIONS = {
     "simulation": ("samples_per_client", "d", "m", "p", "alpha", "noise_scale", "label_rule"),
-    "fashion_mnist": ("standardize",),
+    "fashion_mnist": ("standardize", "pixel_scale"),
     "tfds:": ("splits", "prepare_from", "standardize"),
 }
 # Ranges of the numeric source options: (low, high, low open).
@@ -140,12 +142,14 @@ FIELD_HELP = {
     "permute_labels": "none, client or group",
     "samples_per_client": "cap per client (class-stratified); 0: no cap",
     "test_fraction": "share of each client's samples held out for test, in (0, 1)",
+    "test_split": "stratified (by label) or pfllib (PFLlib's shuffled train_test_split on its numpy stream)",
     "num_clients": ">= 1",
     "clients_per_round": "0: all clients, else in [1, num_clients]",
     "rounds": ">= 1",
     "local_steps": "local steps per round; 0: use local_epochs",
     "local_epochs": ">= 1 when local_steps is 0",
     "batch_size": ">= 1",
+    "drop_last": "drop each epoch's last incomplete batch (floor(n / batch_size) steps; PFLlib's)",
     "optimizer": "auto (the method's: adam for federico, else sgd), sgd, adam, adamw",
     "learning_rate": "> 0; unset: the optimizer's default (sgd 0.05, adam 1e-3)",
     "momentum": "sgd momentum in [0, 1); unset: 0.9 (pfedme: 0, as its paper)",
@@ -198,8 +202,9 @@ def algorithm_options(name: str) -> ml_collections.ConfigDict:
 def source_options() -> ml_collections.ConfigDict:
     """Options of the built-in sources, all unset (None) so `--config.source.<name>=v`
     can set them: the simulation's (samples_per_client, d, m, p, alpha,
-    noise_scale, label_rule), and standardize / splits / prepare_from (Fashion-MNIST,
-    TFDS). Only the ones set are passed to the source."""
+    noise_scale, label_rule), standardize / splits / prepare_from (Fashion-MNIST,
+    TFDS), and pixel_scale (Fashion-MNIST: "unit" [0, 1], "symmetric" [-1, 1] as
+    PFLlib's ToTensor + Normalize(0.5, 0.5)). Only the ones set are passed to the source."""
     ph = ml_collections.config_dict.placeholder
     return ml_collections.ConfigDict(
         {
@@ -213,6 +218,7 @@ def source_options() -> ml_collections.ConfigDict:
             "standardize": ph(bool),
             "splits": ph(tuple),
             "prepare_from": ph(str),
+            "pixel_scale": ph(str),
         }
     )
 
@@ -253,6 +259,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.permute_labels = "none"
     config.samples_per_client = 1000 if fmnist else 0  # 0: no cap
     config.test_fraction = 0.2
+    config.test_split = "stratified"  # pfllib: PFLlib's per-client train_test_split, exactly
     config.source = source_options()  # extra source options (e.g. simulation p, alpha); None: unset
     # Federation.
     config.num_clients = 10
@@ -262,6 +269,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.local_steps = 0  # 0: use local_epochs
     config.local_epochs = 1
     config.batch_size = 32
+    config.drop_last = False  # True: floor(n / B) full batches per epoch (PFLlib's DataLoader)
     config.optimizer = "auto"  # auto: ALGORITHM_TRAINING (adam for federico), else sgd
     config.learning_rate = ml_collections.config_dict.placeholder(float)  # None: OPTIMIZER_DEFAULTS
     config.momentum = ml_collections.config_dict.placeholder(float)  # None: OPTIMIZER_DEFAULTS (sgd only)
@@ -351,6 +359,16 @@ def _one_of(config, field: str, allowed) -> None:
     )
 
 
+def _check_pfllib_mode(config: ml_collections.ConfigDict) -> None:
+    """The fields of PFLlib's data and batches: test_split, drop_last, source.pixel_scale."""
+    _one_of(config, "test_split", TEST_SPLITS)
+    _check(
+        isinstance(config.drop_last, bool), "drop_last", f"must be True or False, got {config.drop_last!r}"
+    )
+    scale, scales = config.source.get("pixel_scale"), PIXEL_SCALES
+    _check(scale is None or scale in scales, "source.pixel_scale", f"must be one of {scales}, got {scale!r}")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks field names and values that need no data; raises ConfigError.
 
@@ -395,6 +413,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for option, (low, high, low_open) in SOURCE_RANGES.items():
         if given.get(option) is not None:
             _in_range(config.source, option, low, high, low_open=low_open, prefix="source.")
+    _check_pfllib_mode(config)
     _one_of(config, "algorithm", algorithms.available())
     _in_range(config, "seed", 0)
     _in_range(config, "data_seed", -1, note=" (-1: use seed)")
@@ -552,6 +571,7 @@ def make_local(config, task: str = "classification") -> LocalTraining:
         epochs=None if steps else config.local_epochs,
         loss=loss,
         loop=config.local_loop,
+        drop_last=config.drop_last,
     ).validate()
 
 
@@ -618,6 +638,7 @@ def make_data(config) -> FederatedData:
                 permute_labels=config.permute_labels,
                 samples_per_client=config.samples_per_client or None,
                 test_fraction=config.test_fraction,
+                test_split=config.test_split,
                 seed=config.seed if config.data_seed < 0 else config.data_seed,
                 data_dir=config.data_dir or None,
                 source_kwargs={k: v for k, v in _tuples(to_plain(config.source)).items() if v is not None},
