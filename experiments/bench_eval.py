@@ -1,12 +1,13 @@
 """Evaluation rows per forward pass (`pfljax.core.evaluate.EVAL_CHUNK`): time of one evaluation.
 
-    python -m experiments.bench_eval [--chunks=128,512] [--setting=dir] [--repeats=5]
+    python -m experiments.bench_eval [--chunks=128,512] [--setting=dir] [--repeats=5] [--client_map=vmap]
 
 Evaluates the FedAvgCNN of `pfllib_fmnist.py:<setting>` (20 clients, all test rows) with
-`pfljax.core.evaluate.evaluate_clients`, clients vmapped, jitted once per chunk size; times
-the chunk sizes interleaved (--repeats times) and prints one JSON line per chunk with the
-median seconds, every repeat's seconds and the backend. Larger chunks keep more
-activations live at once (C x chunk rows per forward pass, times seed replicas).
+`pfljax.core.evaluate.evaluate_clients(..., chunk=c)` under --client_map, jitted once per
+chunk size; times the chunk sizes interleaved (--repeats times) and prints one JSON line
+per chunk with the median seconds, every repeat's seconds and the backend. Larger chunks
+keep more activations live at once (C x chunk rows per forward pass, times seed
+replicas) and score more masked rows (each client's last chunk).
 """
 
 from __future__ import annotations
@@ -20,33 +21,28 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from pfljax.core import evaluate
+from pfljax.core.clients import ClientMap
 from pfljax.experiment.config import make_data, make_model, resolve
 from pfljax.experiment.configs import pfllib_fmnist
 
 flags.DEFINE_list("chunks", ["128", "512"], "rows per forward pass to compare")
 flags.DEFINE_enum("setting", "dir", ["dir", "pat"], "PFLlib split")
 flags.DEFINE_integer("repeats", 5, "timed evaluations per chunk size")
+flags.DEFINE_enum("client_map", "vmap", ["auto", "vmap", "map"], "client-mapping strategy")
 FLAGS = flags.FLAGS
 
 
 def compiled_accuracy(apply_fn, chunk: int, args):
     """(stacked variables [C, ...], test pool) -> accuracy [C], compiled for `args`, `chunk` rows a pass."""
-
-    def client_map(fn, clients):
-        return jax.vmap(fn)(clients)
+    client_map = ClientMap(FLAGS.client_map)
 
     def run(stacked, test):
         def variables_of(c):
             return jax.tree.map(lambda a: a[c], stacked)
 
-        return evaluate.evaluate_clients(apply_fn, variables_of, test, client_map)["accuracy"]
+        return evaluate.evaluate_clients(apply_fn, variables_of, test, client_map, chunk=chunk)["accuracy"]
 
-    old = evaluate.predict_rows.__defaults__
-    evaluate.predict_rows.__defaults__ = (chunk,)  # evaluate_client uses the default
-    try:
-        return jax.jit(run).lower(*args).compile()
-    finally:
-        evaluate.predict_rows.__defaults__ = old
+    return jax.jit(run).lower(*args).compile()
 
 
 def main(argv):
@@ -73,7 +69,7 @@ def main(argv):
             "eval_chunk": c, "clients": clients, "test_rows": int(test.x.shape[0]),
             "median_s": round(statistics.median(times[c]), 3), "all_s": [round(t, 3) for t in times[c]],
             "same_accuracy_as_first": bool(jnp.allclose(accs[c], accs[chunks[0]])),
-            "backend": jax.default_backend(),
+            "client_map": FLAGS.client_map, "backend": jax.default_backend(),
         }))  # fmt: skip
 
 

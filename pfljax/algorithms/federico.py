@@ -82,8 +82,8 @@ import optax
 
 from pfljax.core import mixture
 from pfljax.core import params as P
-from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
-from pfljax.core.evaluate import predict_rows, scores_from_outputs
+from pfljax.core.clients import ClientMap, as_client_map, broadcast, gather, take
+from pfljax.core.evaluate import client_sums, means, score_sums
 from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
 from pfljax.core.losses import Loss, get_loss, masked_mean
 from pfljax.core.round import Participants, federated_round
@@ -291,9 +291,9 @@ def full_losses(hp: FedericoHyper, variables, train: ClientArrays, pairs: Pairs)
 
     def one(pair):
         i, j = pair
-        d = take(train, i)
-        out = predict_rows(lambda xb: hp.model.apply(take(variables, j), xb, train=False)[0], d.x)
-        return scores_from_outputs(out, d, hp.loss)["loss"]
+        v = take(variables, j)
+        sums = lambda x, y, valid: score_sums(hp.model.apply(v, x, train=False)[0], y, valid, hp.loss)  # noqa: E731
+        return means(client_sums(sums, lambda r: train.rows(i, r), train.count[i]), train.count[i])["loss"]
 
     return hp.client_map(one, (pairs.client, pairs.model)).reshape(pairs.nbrs.shape)
 
@@ -424,31 +424,26 @@ def mixture_weights(hp: FedericoHyper, posterior: jax.Array) -> tuple[jax.Array,
     return top_w / jnp.sum(top_w, axis=-1, keepdims=True), top_j
 
 
-def model_outputs(hp: FedericoHyper, variables, test: ClientArrays, pair) -> jax.Array:
-    """Outputs of model j on client i's test rows, pair = (i, j)."""
-    i, j = pair
-    v = take(variables, j)
-    return predict_rows(lambda xb: hp.model.apply(v, xb, train=False)[0], take(test, i).x)
-
-
 def evaluate(hp: FedericoHyper, state: FedericoState, data: ClientData, key) -> dict:
-    """Each client's mixture prediction, and its own model (own_accuracy, own_loss).
+    """Each client's mixture prediction, and its own model (own_accuracy, own_loss), on its
+    real test rows: per chunk, its m mixture models and its own one after another.
     Deterministic: `key` is unused."""
     del key
-    num = data.test.count.shape[0]
+    test = data.test
     top_w, top_j = mixture_weights(hp, state.client_posterior)
-    m = top_j.shape[1]
-    outputs = functools.partial(model_outputs, hp, state.client_params, data.test)
-    outs = hp.client_map(outputs, (jnp.repeat(jnp.arange(num), m), top_j.reshape(-1)))
-    outs = outs.reshape((num, m) + outs.shape[1:])
 
-    def scores(c):
-        d = take(data.test, c)
-        mixed = scores_from_outputs(mixture.predict(outs[c], top_w[c], hp.loss.name), d, hp.loss)
-        own = scores_from_outputs(outputs((c, c)), d, hp.loss)
-        return {**mixed, "own_accuracy": own["accuracy"], "own_loss": own["loss"]}
+    def one(c):
+        models = gather(state.client_params, jnp.append(top_j[c], c))  # [m + 1, ...]
 
-    return hp.client_map(scores, jnp.arange(num))
+        def sums(x, y, valid):
+            outs = jax.lax.map(lambda v: hp.model.apply(v, x, train=False)[0], models)
+            mixed = score_sums(mixture.predict(outs[:-1], top_w[c], hp.loss.name), y, valid, hp.loss)
+            own = score_sums(outs[-1], y, valid, hp.loss)
+            return {**mixed, "own_accuracy": own["accuracy"], "own_loss": own["loss"]}
+
+        return means(client_sums(sums, lambda r: test.rows(c, r), test.count[c]), test.count[c])
+
+    return hp.client_map(one, jnp.arange(test.count.shape[0]))
 
 
 def collaboration_matrix(state: FedericoState) -> jax.Array:

@@ -1,0 +1,158 @@
+"""Costs of the run loop's pieces, one function per case (CASES).
+
+    python -m experiments.bench_loop [--json] [--cases=eval_rows] [--repeats=5] [--eval_maps=auto]
+
+One JSON line (with --json; else a readable line) per measurement, each with its
+case; summary rows carry their target and whether it is met.
+
+- eval_rows: seconds of one evaluation (jitted, warm, median of --repeats, the
+  variants interleaved) of a FedAvg CNN state (PFLlib's FedAvgCNN, untrained) on
+  the test rows of PFLlib's Dirichlet(0.1) Fashion-MNIST split
+  (`pfllib_fmnist.py:dir`: 20 clients, 17,498 rows, the largest 2,138) and of an
+  IID split of the same rows (20 equal clients), per client map of --eval_maps.
+  "before" is the evaluation until issue 26 (every client on an n_max-row window,
+  masked: `padded_evaluate_clients` here), "after" the library's
+  (`pfljax.core.evaluate.evaluate_clients`: each client's real rows). Target:
+  after, Dirichlet / IID <= 1.25; the per-client scores of before and after agree.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+
+from pfljax.algorithms import fedavg
+from pfljax.core.clients import ClientMap, take
+from pfljax.core.evaluate import EVAL_CHUNK, evaluate_clients, predict_rows, scores_from_outputs
+from pfljax.core.local import LocalTraining
+from pfljax.core.types import ClientPool
+from pfljax.experiment.config import make_data, make_model, resolve
+from pfljax.experiment.configs import pfllib_fmnist
+
+FLAGS = flags.FLAGS
+flags.DEFINE_bool("json", False, "print one JSON object per line (else a readable line)")
+flags.DEFINE_list("cases", ["eval_rows"], "cases to run (keys of CASES)")
+flags.DEFINE_integer("repeats", 5, "timed calls per variant after a warm one (the median is reported)")
+flags.DEFINE_list("eval_maps", ["auto"], "eval_rows: client maps (auto, map, vmap)")
+
+
+def emit(row: dict) -> None:
+    print(json.dumps(row) if FLAGS.json else "  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+
+
+def interleaved_medians(fns: dict, args: dict, repeats: int) -> tuple[dict, dict]:
+    """({name: output of a warm call}, {name: median seconds of `repeats` calls}), names interleaved."""
+    outs = {k: jax.block_until_ready(f(*args[k])) for k, f in fns.items()}
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*args[k]))
+            times[k].append(time.perf_counter() - t0)
+    return outs, {k: statistics.median(t) for k, t in times.items()}
+
+
+# ---- eval_rows ---------------------------------------------------------------------------
+
+
+def padded_evaluate_clients(apply_fn, variables_of, test, client_map, loss="cross_entropy") -> dict:
+    """The evaluation before issue 26: every client on an n_max-row window of the test
+    rows, in EVAL_CHUNK-row passes, rows past its count masked."""
+
+    def one(c):
+        data = take(test, c)
+        out = predict_rows(lambda xb: apply_fn(variables_of(c), xb, train=False)[0], data.x)
+        return scores_from_outputs(out, data, loss)
+
+    return client_map(one, jnp.arange(test.count.shape[0]))
+
+
+def iid_pool(pool: ClientPool, seed: int = 0) -> ClientPool:
+    """The rows of `pool` shuffled into as many clients of equal size (+-1), the largest last."""
+    n, num = int(pool.count.sum()), int(pool.count.shape[0])
+    counts = np.sort(np.full(num, n // num) + (np.arange(num) >= num - n % num)).astype(np.int32)
+    perm = np.random.default_rng(seed).permutation(n)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+    x, y = np.asarray(pool.x)[perm], np.asarray(pool.y)[perm]
+    arrays = (jnp.asarray(a) for a in (x, y, offsets, counts))
+    return ClientPool(*arrays, levels=pool.levels, n_max=int(counts.max()))
+
+
+def scored_rows(counts: np.ndarray, version: str, strategy: str) -> int:
+    """Rows the forward passes cover: n_max's chunks for every client (before), each
+    client's own chunks (after, a loop per client) or C at a time (after, vmap)."""
+    num, own = len(counts), int(np.sum(-(-counts // EVAL_CHUNK)))
+    if version == "before":
+        return num * -(-int(counts.max()) // EVAL_CHUNK) * EVAL_CHUNK
+    return (own if strategy != "vmap" else -(-own // num) * num) * EVAL_CHUNK
+
+
+def compiled_evaluations(model, cmap: ClientMap, state, tests: dict) -> tuple[dict, dict]:
+    """({(split, version): compiled (state, test) -> per-client scores}, their args)."""
+    versions = {"before": padded_evaluate_clients, "after": evaluate_clients}
+    fns, args = {}, {}
+    for split, test in tests.items():
+        for version, evaluate in versions.items():
+
+            def run(s, t, evaluate=evaluate):
+                return evaluate(model.apply, lambda c: fedavg.personalized(s, c), t, cmap)
+
+            fns[split, version] = jax.jit(run).lower(state, test).compile()
+            args[split, version] = (state, test)
+    return fns, args
+
+
+def case_eval_rows(repeats: int) -> None:
+    config, _ = resolve(pfllib_fmnist.get_config("dir"))
+    fed = make_data(config)
+    model = make_model(config, fed)
+    tests = {"dirichlet": fed.data.test, "iid": iid_pool(fed.data.test)}
+    num = int(fed.data.test.count.shape[0])
+    spec = LocalTraining(optax.sgd(config.learning_rate), batch_size=config.batch_size, epochs=1)
+    for name in FLAGS.eval_maps:
+        cmap = ClientMap(name)
+        strategy = cmap.resolved()
+        state = fedavg.build(model, spec, client_map=cmap).init(jax.random.key(0), None, num)
+        fns, args = compiled_evaluations(model, cmap, state, tests)
+        outs, secs = interleaved_medians(fns, args, repeats)
+        for split, version in fns:
+            counts = np.asarray(tests[split].count)
+            before = outs[split, "before"]
+            diff = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), outs[split, version], before)
+            emit({
+                "case": "eval_rows", "client_map": strategy, "split": split, "version": version,
+                "eval_s": round(secs[split, version], 3), "test_rows": int(counts.sum()),
+                "n_max": int(counts.max()), "scored_rows": scored_rows(counts, version, strategy),
+                "max_abs_diff_vs_before": diff, "backend": jax.default_backend(),
+            })  # fmt: skip
+        for version in ("before", "after"):
+            ratio = secs["dirichlet", version] / secs["iid", version]
+            speedup = secs["dirichlet", "before"] / secs["dirichlet", version]
+            emit({
+                "case": "eval_rows", "client_map": strategy, "version": version,
+                "dirichlet_over_iid": round(ratio, 2), "target": "<= 1.25", "met": ratio <= 1.25,
+                "dirichlet_speedup_over_before": round(speedup, 2),
+            })  # fmt: skip
+
+
+CASES = {"eval_rows": case_eval_rows}
+
+
+def main(argv):
+    del argv
+    unknown = [c for c in FLAGS.cases if c not in CASES]
+    if unknown:
+        raise app.UsageError(f"unknown cases {unknown}; known: {sorted(CASES)}")
+    for name in FLAGS.cases:
+        CASES[name](FLAGS.repeats)
+
+
+if __name__ == "__main__":
+    app.run(main)
