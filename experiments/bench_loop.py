@@ -1,6 +1,6 @@
 """Costs of the run loop's pieces, one function per case (CASES).
 
-    python -m experiments.bench_loop [--json] [--cases=eval_rows] [--repeats=5] [--eval_maps=auto]
+    python -m experiments.bench_loop [--json] [--cases=blocks,eval_rows,pfllib_dir_round] [--repeats=5]
 
 One JSON line (with --json; else a readable line) per measurement, each with its
 case; summary rows carry their target and whether it is met.
@@ -14,12 +14,22 @@ case; summary rows carry their target and whether it is met.
   masked: `padded_evaluate_clients` here), "after" the library's
   (`pfljax.core.evaluate.evaluate_clients`: each client's real rows). Target:
   after, Dirichlet / IID <= 1.25; the per-client scores of before and after agree.
+- blocks: rounds/s of a tiny model (MLP 32 units, 10 clients of the simulation data,
+  1 local step, evaluation every 50 rounds, no checkpoint before the end) through
+  the run loop (`train_and_evaluate`'s `run_loop`, timed around it: setup and
+  compilation excluded, outputs and checkpoints included), 500 rounds with
+  `block_rounds` 1 (one dispatch and host visit per round) vs 0 (auto: blocks of up
+  to 100 rounds on device); interleaved, median of --repeats. Target:
+  blocked_over_per_round >= 3 on CPU.
+- pfllib_dir_round: FedAvg on `pfllib_fmnist.py:dir` (one seed): seconds of one
+  jitted round and of one evaluation (warm, best of --repeats); target eval/train <= 0.2.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import time
 
 import jax
@@ -28,17 +38,19 @@ import numpy as np
 import optax
 from absl import app, flags
 
+from experiments.timing import time_round
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import ClientMap, take
 from pfljax.core.evaluate import EVAL_CHUNK, evaluate_clients, predict_rows, scores_from_outputs
 from pfljax.core.local import LocalTraining
 from pfljax.core.types import ClientPool
-from pfljax.experiment.config import make_data, make_model, resolve
+from pfljax.experiment import base_config, train, train_and_evaluate
+from pfljax.experiment.config import make_data, make_model, prepare, resolve
 from pfljax.experiment.configs import pfllib_fmnist
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("json", False, "print one JSON object per line (else a readable line)")
-flags.DEFINE_list("cases", ["eval_rows"], "cases to run (keys of CASES)")
+flags.DEFINE_list("cases", ["blocks", "eval_rows", "pfllib_dir_round"], "cases to run (keys of CASES)")
 flags.DEFINE_integer("repeats", 5, "timed calls per variant after a warm one (the median is reported)")
 flags.DEFINE_list("eval_maps", ["auto"], "eval_rows: client maps (auto, map, vmap)")
 
@@ -142,7 +154,74 @@ def case_eval_rows(repeats: int) -> None:
             })  # fmt: skip
 
 
-CASES = {"eval_rows": case_eval_rows}
+BLOCK_RUN_ROUNDS = 500
+
+
+def tiny_loop_config(rounds: int, block_rounds: int):
+    config = base_config()
+    config.dataset, config.partition = "simulation", "iid"
+    config.num_clients, config.rounds, config.local_steps = 10, rounds, 1
+    config.model_kwargs = {"hidden": (32,)}
+    config.eval_every, config.checkpoint_every, config.block_rounds = 50, 0, block_rounds
+    return config
+
+
+def loop_rounds_per_s(rounds: int, block_rounds: int) -> float:
+    """Rounds per second of `run_loop` (timed around it: setup and compilation excluded)."""
+    seconds, original = [], train.run_loop
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = original(*args, **kwargs)
+        seconds.append(time.perf_counter() - t0)
+        return out
+
+    train.run_loop = timed
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            train_and_evaluate(tiny_loop_config(rounds, block_rounds), workdir, progress=False)
+    finally:
+        train.run_loop = original
+    return rounds / seconds[0]
+
+
+def case_blocks(repeats: int) -> None:
+    rates = {1: [], 0: []}
+    for _ in range(repeats):
+        for block_rounds in rates:
+            rates[block_rounds].append(loop_rounds_per_s(BLOCK_RUN_ROUNDS, block_rounds))
+    per_round, blocked = statistics.median(rates[1]), statistics.median(rates[0])
+    ratio = blocked / per_round
+    emit({
+        "case": "blocks", "rounds": BLOCK_RUN_ROUNDS, "rounds_per_s_block_1": round(per_round, 1),
+        "rounds_per_s_block_auto": round(blocked, 1), "blocked_over_per_round": round(ratio, 2),
+        "target": ">= 3", "met": ratio >= 3, "backend": jax.default_backend(),
+    })  # fmt: skip
+
+
+def case_pfllib_dir_round(repeats: int) -> None:
+    config = pfllib_fmnist.get_config("dir")
+    config.algorithm = "fedavg"
+    prep = prepare(config)
+    data = prep.fed_data.data
+    timed = time_round(prep.algorithm, data, repeats)
+    state = timed["state"]
+    evaluate = jax.jit(prep.algorithm.evaluate).lower(state, data, jax.random.key(0)).compile()
+    jax.block_until_ready(evaluate(state, data, jax.random.key(0)))
+    best = float("inf")
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(evaluate(state, data, jax.random.key(r)))
+        best = min(best, time.perf_counter() - t0)
+    ratio = best / timed["round_s"]
+    emit({
+        "case": "pfllib_dir_round", "train_s": round(timed["round_s"], 3), "eval_s": round(best, 3),
+        "eval_over_train": round(ratio, 3), "target": "<= 0.2", "met": ratio <= 0.2,
+        "backend": jax.default_backend(),
+    })  # fmt: skip
+
+
+CASES = {"blocks": case_blocks, "eval_rows": case_eval_rows, "pfllib_dir_round": case_pfllib_dir_round}
 
 
 def main(argv):
