@@ -327,12 +327,12 @@ def divergence_knobs(config) -> str:
 def divergence_advice(config) -> str:
     """Concrete smaller settings to try: the learning rate and every positive `*lr`
     option of the algorithm divided by 10, and no momentum under SGD with momentum."""
-    tries = [f"--config.learning_rate={config.learning_rate / 10:.3g}"]
+    tries = [f"--config.learning_rate={config.learning_rate / 10:g}"]
     options = config[config.algorithm] if config.algorithm in config else {}
     for option, value in sorted(options.items()):
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if option.endswith("lr") and number and 0 < value < float("inf"):
-            tries.append(f"--config.{config.algorithm}.{option}={value / 10:.3g}")
+            tries.append(f"--config.{config.algorithm}.{option}={value / 10:g}")
     if config.optimizer == "sgd" and config.momentum:
         tries.append("--config.momentum=0")
     return " or ".join(tries)

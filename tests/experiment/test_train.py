@@ -152,7 +152,7 @@ def test_a_diverging_run_stops_at_that_round_and_keeps_its_outputs(tmp_path):
     for knob in ("optimizer=sgd", "learning_rate=10000", "momentum=0.9", "fedavg.server_lr=1.0"):
         assert knob in message, knob
     advice = message.split("; try ")[1].split(";")[0]  # smaller values, never the diverged ones
-    assert advice == "--config.learning_rate=1e+03 or --config.fedavg.server_lr=0.1 or --config.momentum=0"
+    assert advice == "--config.learning_rate=1000 or --config.fedavg.server_lr=0.1 or --config.momentum=0"
     written = read_json(os.path.join(workdir, "summary.json"))
     assert written["status"] == "diverged" and written["diverged_round"] == r
     logged = JsonlLog(os.path.join(workdir, "metrics.jsonl")).rows()
