@@ -521,7 +521,7 @@ def resolve_match_layer(model: Model, match_layer: str) -> str:
 
 
 DOMAINS = {
-    "tau": Domain(-1, 1, note="a cosine similarity"),
+    "tau": Domain(note="a cosine-similarity threshold; above 1: only the min_keep most similar"),
     "epsilon": Domain(0),
     "min_keep": Domain(1, integer=True),
     "lambda_sparse": Domain(0),
