@@ -58,6 +58,7 @@ Steps (all jittable, fixed shapes: factors are masked, never sliced):
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -246,62 +247,71 @@ def principal_axis_loadings(
       (loadings [units, units], iterations [] int32, change [] float32: the last
       max |clip(rowsum(A^2)) - h|, converged [] bool: change < tol).
     """
-    n = r.shape[0]
-    keep = jnp.arange(n) < factors
-    hi = HEYWOOD_BOUND
-
-    def project(x):
-        return jnp.clip(x, 0.0, hi)
-
-    def step_length(x, grad):
-        return jnp.max(jnp.abs(project(x - grad) - x))
-
-    def direction(x, grad, s_hist, y_hist, count):
-        if solver == "plain":
-            return -grad
-        held = ((x <= 0.0) & (grad > 0.0)) | ((x >= hi) & (grad < 0.0))
-        free_grad = jnp.where(held, 0.0, grad)
-        valid = jnp.arange(HISTORY) >= HISTORY - count
-        d = -jnp.where(held, 0.0, _two_loop(free_grad, s_hist, y_hist, valid))
-        return jnp.where(jnp.dot(grad, d) < 0.0, d, -free_grad)
-
-    def cond(c):
-        return (c["change"] >= tol) & (c["it"] < max_iter)
-
-    def body(c):
-        xn = project(c["x"] + c["t"] * c["d"])
-        an, fn, gn = _principal_axes(r, xn, keep)
-        s, y = xn - c["x"], gn - c["grad"]
-        gs, sy, ss, yy = jnp.dot(c["grad"], s), jnp.dot(s, y), jnp.dot(s, s), jnp.dot(y, y)
-        # Sufficient decrease (Armijo); near the solution float32 objectives cannot resolve
-        # it, so also Hager & Zhang's approximate form from the slopes (the trapezoid rule).
-        armijo = fn <= c["f"] + 1e-4 * gs
-        slopes = (gs + sy <= (2e-4 - 1.0) * gs) & (fn <= c["f"] + 1e-3 * jnp.abs(c["f"]))
-        accept = True if solver == "plain" else armijo | slopes | (c["fails"] >= 20)
-        store = accept & (sy > 1e-8 * jnp.sqrt(ss * yy)) & (ss > 0.0)
-        s_hist = jnp.where(store, jnp.concatenate([c["S"][1:], s[None]]), c["S"])
-        y_hist = jnp.where(store, jnp.concatenate([c["Y"][1:], y[None]]), c["Y"])
-        count = jnp.where(store, jnp.minimum(c["count"] + 1, HISTORY), c["count"])
-        new = dict(
-            x=xn, a=an, f=fn, grad=gn, S=s_hist, Y=y_hist, count=count,
-            d=direction(xn, gn, s_hist, y_hist, count), t=jnp.ones([], r.dtype),
-            fails=jnp.int32(0), change=step_length(xn, gn),
-        )  # fmt: skip
-        old = dict(c, t=c["t"] * 0.5, fails=c["fails"] + 1)
-        del old["it"]
-        out = jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
-        return dict(out, it=c["it"] + 1)
-
-    x0 = project(h0.astype(r.dtype))
+    keep = jnp.arange(r.shape[0]) < factors
+    x0 = _project(h0.astype(r.dtype))
     a0, f0, g0 = _principal_axes(r, x0, keep)
-    zeros = jnp.zeros((HISTORY, n), r.dtype)
-    init = dict(
-        x=x0, a=a0, f=f0, grad=g0, S=zeros, Y=zeros, count=jnp.int32(0),
-        d=direction(x0, g0, zeros, zeros, jnp.int32(0)), t=jnp.ones([], r.dtype), fails=jnp.int32(0),
-        change=step_length(x0, g0), it=jnp.int32(1),
-    )  # fmt: skip
-    out = jax.lax.while_loop(cond, body, init)
+    zeros = jnp.zeros((HISTORY, r.shape[0]), r.dtype)
+    init = dict(_ipf_point(x0, a0, f0, g0, zeros, zeros, jnp.int32(0), solver), it=jnp.int32(1))
+    cond = lambda c: (c["change"] >= tol) & (c["it"] < max_iter)
+    step = functools.partial(_ipf_step, r=r, keep=keep, solver=solver)
+    out = jax.lax.while_loop(cond, step, init)
     return out["a"], out["it"], out["change"], out["change"] < tol
+
+
+def _project(x: jax.Array) -> jax.Array:
+    """Communalities held in [0, HEYWOOD_BOUND]."""
+    return jnp.clip(x, 0.0, HEYWOOD_BOUND)
+
+
+def _direction(x, grad, s_hist, y_hist, count, solver: str) -> jax.Array:
+    """Search direction at x: -grad ("plain"); for "lbfgs" the L-BFGS direction of the
+    `count` newest pairs, with the coordinates at a bound whose gradient points out held
+    (steepest descent on the free ones where that is no descent direction)."""
+    if solver == "plain":
+        return -grad
+    held = ((x <= 0.0) & (grad > 0.0)) | ((x >= HEYWOOD_BOUND) & (grad < 0.0))
+    free_grad = jnp.where(held, 0.0, grad)
+    valid = jnp.arange(HISTORY) >= HISTORY - count
+    d = -jnp.where(held, 0.0, _two_loop(free_grad, s_hist, y_hist, valid))
+    return jnp.where(jnp.dot(grad, d) < 0.0, d, -free_grad)
+
+
+def _ipf_point(x, a, f, grad, s_hist, y_hist, count, solver: str) -> dict:
+    """The iteration's state at an accepted point x (its solve: loadings a, objective f,
+    half gradient grad; the L-BFGS pairs): a full step (t = 1) along the new direction
+    next, and `change`, the largest move one textbook step would make."""
+    return dict(
+        x=x, a=a, f=f, grad=grad, S=s_hist, Y=y_hist, count=count,
+        d=_direction(x, grad, s_hist, y_hist, count, solver), t=jnp.ones([], x.dtype),
+        fails=jnp.int32(0), change=jnp.max(jnp.abs(_project(x - grad) - x)),
+    )  # fmt: skip
+
+
+def _push(hist: jax.Array, v: jax.Array, store: jax.Array) -> jax.Array:
+    """hist [HISTORY, n] with v appended (the oldest row dropped) where `store`."""
+    return jnp.where(store, jnp.concatenate([hist[1:], v[None]]), hist)
+
+
+def _ipf_step(c: dict, *, r, keep, solver: str) -> dict:
+    """One principal-axis solve at the projected trial point x + t d. Accepted ("plain":
+    always), it is the new point and its (s, y) pair is stored where the curvature is
+    positive; rejected, t is halved."""
+    xn = _project(c["x"] + c["t"] * c["d"])
+    an, fn, gn = _principal_axes(r, xn, keep)
+    s, y = xn - c["x"], gn - c["grad"]
+    gs, sy, ss, yy = jnp.dot(c["grad"], s), jnp.dot(s, y), jnp.dot(s, s), jnp.dot(y, y)
+    # Sufficient decrease (Armijo); near the solution float32 objectives cannot resolve
+    # it, so also Hager & Zhang's approximate form from the slopes (the trapezoid rule).
+    armijo = fn <= c["f"] + 1e-4 * gs
+    slopes = (gs + sy <= (2e-4 - 1.0) * gs) & (fn <= c["f"] + 1e-3 * jnp.abs(c["f"]))
+    accept = True if solver == "plain" else armijo | slopes | (c["fails"] >= 20)
+    store = accept & (sy > 1e-8 * jnp.sqrt(ss * yy)) & (ss > 0.0)
+    count = jnp.where(store, jnp.minimum(c["count"] + 1, HISTORY), c["count"])
+    new = _ipf_point(xn, an, fn, gn, _push(c["S"], s, store), _push(c["Y"], y, store), count, solver)
+    old = dict(c, t=c["t"] * 0.5, fails=c["fails"] + 1)
+    del old["it"]
+    out = jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
+    return dict(out, it=c["it"] + 1)
 
 
 def split_by_rank(score: jax.Array, tau_quantile: float) -> jax.Array:

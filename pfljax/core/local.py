@@ -3,12 +3,15 @@
 Minibatches are sampled inside jit from the client's own rows: every epoch is a
 fresh random permutation of its `count` real rows (padding never sampled), cut
 into ceil(count / B) batches, the last one partial (its missing slots carry
-weight 0). Two schedules:
+weight 0); with `drop_last` (torch's DataLoader(drop_last=True), PFLlib's) into
+floor(count / B) full batches, the rows left over sitting out that epoch (a
+client of fewer than B rows takes no step). Two schedules:
 
 - `steps=S`: every client takes S steps, cycling through epochs;
-- `epochs=E`: client c takes E * ceil(count_c / B) steps; the scan runs the
-  static maximum E * ceil(n_max / B) and later steps are no-ops (skipped, not
-  zero-gradient steps, so momentum and weight decay do not move either).
+- `epochs=E`: client c takes E * ceil(count_c / B) steps (E * floor(count_c / B)
+  with drop_last); the scan runs the static maximum E * ceil(n_max / B) (floor
+  with drop_last) and later steps are no-ops (skipped, not zero-gradient steps,
+  so momentum and weight decay do not move either).
 
 `schedule_position` says where step s falls (epoch, batch, active) and is the one
 definition of the schedule: `make_local_train` follows it with the epoch order
@@ -51,6 +54,9 @@ class LocalTraining(NamedTuple):
       loop: "while" (each client runs only its own steps), "scan" (the static
         maximum, masked) or "auto" (while on CPU, scan on GPU/TPU where a
         while loop's trip test costs a device round trip). Same numbers.
+      drop_last: epochs of floor(count / B) full batches, the last partial batch
+        dropped (torch's drop_last=True, PFLlib's train loader); default False:
+        ceil(count / B) batches, the last one partial.
     """
 
     optimizer: optax.GradientTransformation
@@ -59,6 +65,7 @@ class LocalTraining(NamedTuple):
     epochs: int | None = None
     loss: str | Loss = "cross_entropy"
     loop: str = "auto"
+    drop_last: bool = False
 
     def validate(self) -> LocalTraining:
         if self.steps is not None and self.epochs is not None:
@@ -76,6 +83,8 @@ class LocalTraining(NamedTuple):
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.loop not in LOOPS:
             raise ValueError(f"local loop must be one of {LOOPS}, got {self.loop!r}")
+        if not isinstance(self.drop_last, bool):
+            raise ValueError(f"drop_last must be True or False, got {self.drop_last!r}")
         get_loss(self.loss)
         return self
 
@@ -121,17 +130,27 @@ def batch_rows(order: jax.Array, j: jax.Array, count: jax.Array, batch_size: int
     return order[pos], weights
 
 
-def batches_per_epoch(count: jax.Array, batch_size: int) -> jax.Array:
-    """ceil(count / B), at least 1 (int32 scalar)."""
+def batches_per_epoch(count: jax.Array, batch_size: int, drop_last: bool = False) -> jax.Array:
+    """ceil(count / B), at least 1; with drop_last floor(count / B), 0 below B rows
+    (int32 scalar)."""
+    if drop_last:
+        return count // batch_size
     return jnp.maximum((count + batch_size - 1) // batch_size, 1)
+
+
+def _trains(spec: LocalTraining, count: jax.Array) -> jax.Array:
+    """Whether a client of `count` rows takes any step: count > 0, and with
+    drop_last count >= B (one full batch)."""
+    return count >= (spec.batch_size if spec.drop_last else 1)
 
 
 def schedule_position(spec: LocalTraining, s: jax.Array, count: jax.Array):
     """(epoch, batch within the epoch, active) of local step s of a client with
-    `count` rows. Inactive steps (an empty client, or past E epochs) are no-ops."""
-    per_epoch = batches_per_epoch(count, spec.batch_size)
+    `count` rows. Inactive steps (an empty client, a client of fewer than B rows
+    with drop_last, or past E epochs) are no-ops."""
+    per_epoch = jnp.maximum(batches_per_epoch(count, spec.batch_size, spec.drop_last), 1)
     epoch = s // per_epoch
-    active = count > 0
+    active = _trains(spec, count)
     if spec.epochs is not None:
         active &= epoch < spec.epochs
     return epoch, s % per_epoch, active
@@ -148,9 +167,11 @@ def step_batch(spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Arr
 
 def own_steps(spec: LocalTraining, count: jax.Array) -> jax.Array:
     """The number of active local steps of a client with `count` rows: S, or
-    E * ceil(count / B); 0 for an empty client."""
-    total = spec.steps if spec.steps is not None else spec.epochs * batches_per_epoch(count, spec.batch_size)
-    return jnp.where(count > 0, total, 0).astype(jnp.int32)
+    E * ceil(count / B) (E * floor(count / B) with drop_last); 0 for a client that
+    takes no step (empty, or fewer than B rows with drop_last)."""
+    per_epoch = batches_per_epoch(count, spec.batch_size, spec.drop_last)
+    total = spec.steps if spec.steps is not None else spec.epochs * per_epoch
+    return jnp.where(_trains(spec, count), total, 0).astype(jnp.int32)
 
 
 def run_steps(spec: LocalTraining, count: jax.Array, n_max: int, body: Callable, carry: Any):
@@ -184,7 +205,8 @@ def num_scan_steps(spec: LocalTraining, n_max: int) -> int:
     spec = spec.validate()
     if spec.steps is not None:
         return spec.steps
-    return spec.epochs * max(-(-n_max // spec.batch_size), 1)
+    per_epoch = n_max // spec.batch_size if spec.drop_last else -(-n_max // spec.batch_size)
+    return spec.epochs * max(per_epoch, 1)
 
 
 def make_local_train(

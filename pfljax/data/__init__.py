@@ -1,10 +1,15 @@
-"""Federated data: sources, partitioners and padded client arrays.
+"""Federated data: sources, partitioners, and every client's rows as a ClientPool.
 
-Entry points: `build_federated_data` (source -> FederatedData) and
-`load_source` (one source by name). Modules: `idx` (Fashion-MNIST IDX files),
-`simulation` (FedFac model (8)), `tfds_source` (TFDS, imported lazily),
-`sources` (registry), `partition` (partitioners), `federated` (padding and
-assembly). Importing this package does not import TensorFlow.
+Entry points: `build_federated_data` (source -> FederatedData, whose train and
+test data are `ClientPool`s: every client's rows once, unpadded, at the
+source's dtype, images uint8; see pfljax.core.types) and `load_source` (one
+source by name). Modules: `idx` (Fashion-MNIST IDX files), `simulation`
+(FedFac model (8)), `sine` (FedeRiCo's sine regression toy, the "sine"
+source), `tfds_source` (TFDS, imported lazily), `sources` (registry),
+`partition` (partitioners, caps, splits, label maps), `federated` (assembly:
+partition, cap, per-client train/test split, summary; `pool_clients` and
+`pad_clients` build ClientPools and padded ClientArrays from per-client
+arrays). Importing this package does not import TensorFlow.
 """
 
 from pfljax.data import sine  # noqa: F401  (registers the "sine" source)

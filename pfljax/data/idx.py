@@ -24,6 +24,11 @@ FASHION_MNIST_FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 
+# Pixel scales of uint8 images (`pixel_levels`): "unit" x / 255 in [0, 1];
+# "symmetric" (x / 255 - 0.5) / 0.5 in [-1, 1], torchvision's ToTensor() then
+# Normalize(0.5, 0.5) (PFLlib's Fashion-MNIST transform), float32 op for op.
+PIXEL_SCALES = ("unit", "symmetric")
+
 FASHION_MNIST_CLASSES = (
     "T-shirt/top",
     "Trouser",
@@ -112,8 +117,26 @@ def check_idx_dir(data_dir: str | None) -> str:
     return data_dir
 
 
+def pixel_levels(pixel_scale: str = "unit") -> np.ndarray:
+    """[256] float32 value of each uint8 pixel code at `pixel_scale` (PIXEL_SCALES).
+
+    "symmetric" computes, in float32 as torch does, x / 255 (ToTensor) then
+    (x - 0.5) / 0.5 (Normalize(mean=0.5, std=0.5)).
+
+    Raises:
+      ValueError: naming `pixel_scale` and its allowed values.
+    """
+    if pixel_scale not in PIXEL_SCALES:
+        raise ValueError(f"pixel_scale={pixel_scale!r} is unknown; allowed values: {PIXEL_SCALES}.")
+    unit = np.arange(256, dtype=np.float32) / np.float32(255.0)
+    if pixel_scale == "unit":
+        return unit
+    half = np.float32(0.5)
+    return ((unit - half) / half).astype(np.float32)
+
+
 def load_fashion_mnist(
-    data_dir: str | None = None, *, standardize: bool = False, codes: bool = False
+    data_dir: str | None = None, *, standardize: bool = False, codes: bool = False, pixel_scale: str = "unit"
 ) -> dict[str, np.ndarray]:
     """Loads Fashion-MNIST from IDX files.
 
@@ -122,7 +145,9 @@ def load_fashion_mnist(
         DEFAULT_FASHION_MNIST_DIR.
       standardize: if True, subtract the training images' mean pixel and divide
         by their pixel standard deviation (one scalar each, from the train
-        split only); otherwise pixels are scaled to [0, 1].
+        split only); otherwise pixels are at `pixel_scale`.
+      pixel_scale: "unit" ([0, 1], the default) or "symmetric" ([-1, 1], PFLlib's
+        ToTensor + Normalize(0.5, 0.5)); see `pixel_levels`. Not with standardize.
       codes: if True, `x_*` are the raw uint8 pixels [N, 28, 28, 1] and
         `levels` [256] float32 gives each pixel value's float (levels[x] equals
         the float32 arrays returned with codes=False, bit for bit).
@@ -130,11 +155,15 @@ def load_fashion_mnist(
     Returns:
       Dict with `x_train` float32 [60000, 28, 28, 1], `y_train` int32 [60000],
       `x_test` float32 [10000, 28, 28, 1], `y_test` int32 [10000], in file
-      order.
+      order; with `codes`, `x_*` uint8 and `levels` [256] float32.
 
     Raises:
-      ValueError: naming `data_dir`, if the directory or a file is missing.
+      ValueError: naming `data_dir`, if the directory or a file is missing;
+        naming `pixel_scale` for an unknown scale or one given with standardize.
     """
+    if standardize and pixel_scale != "unit":
+        raise ValueError(f"pixel_scale={pixel_scale!r} with standardize=True: give one or the other.")
+    levels = pixel_levels(pixel_scale)
     data_dir = check_idx_dir(data_dir)
     arrays = {k: read_idx(_find_file(data_dir, s)) for k, s in FASHION_MNIST_FILES.items()}
     out = {}
@@ -148,7 +177,6 @@ def load_fashion_mnist(
             )
         out[f"x_{split}"] = images.astype(np.uint8)[..., None]
         out[f"y_{split}"] = labels.astype(np.int32)
-    levels = np.arange(256, dtype=np.float32) / 255.0
     if standardize:
         train = levels[out["x_train"]]
         mean, std = train.mean(), train.std()

@@ -21,7 +21,8 @@ label permutations) are separate: see `label_maps`.
 * `pfllib_dirichlet`, `pfllib_pathological`: PFLlib's "dir" and "pat" splits
   with its minimum client size (`pfllib_least_samples`), drawn from the legacy
   `numpy.random.RandomState(seed)` in PFLlib's order (they take a seed, not a
-  Generator).
+  Generator); `pfllib_train_test_split` is PFLlib's per-client train/test split
+  (sklearn's shuffled train_test_split) on the same stream.
 """
 
 from __future__ import annotations
@@ -248,9 +249,7 @@ def shards(
     rng = as_rng(rng)
     labels = np.asarray(labels)
     num_classes = _num_classes(labels)
-    s = classes_per_client
-    if not 1 <= s <= num_classes:
-        raise ValueError(f"classes_per_client must be in [1, {num_classes}], got {s}.")
+    s = _check_classes_per_client(classes_per_client, num_classes)
     by_class = _class_indices(labels, rng, num_classes)
     sizes = np.array([len(i) for i in by_class])
     cap = np.minimum(sizes, num_clients)  # no empty shard, <= 1 per client
@@ -270,6 +269,13 @@ def shards(
     for slot, shard in enumerate(shard_list):
         parts[client_of_slot[slot % num_clients]].append(shard)
     return _finish(parts, rng)
+
+
+def _check_classes_per_client(classes_per_client: int, num_classes: int) -> int:
+    """classes_per_client, if in [1, K] (ValueError naming it otherwise)."""
+    if not 1 <= classes_per_client <= num_classes:
+        raise ValueError(f"classes_per_client must be in [1, {num_classes}], got {classes_per_client}.")
+    return classes_per_client
 
 
 def _capped_apportion(total: int, weights: np.ndarray, cap: np.ndarray) -> np.ndarray:
@@ -309,9 +315,7 @@ def classes(
     rng = as_rng(rng)
     labels = np.asarray(labels)
     num_classes = _num_classes(labels)
-    k = classes_per_client
-    if not 1 <= k <= num_classes:
-        raise ValueError(f"classes_per_client must be in [1, {num_classes}], got {k}.")
+    k = _check_classes_per_client(classes_per_client, num_classes)
     nonempty = np.flatnonzero(np.bincount(labels, minlength=num_classes))
     if k > len(nonempty):
         raise ValueError(f"classes_per_client={k} exceeds the {len(nonempty)} classes present.")
@@ -705,16 +709,7 @@ def pfllib_pathological(
     labels = np.asarray(labels)
     n = len(labels)
     num_classes = _num_classes(labels)
-    if isinstance(classes_per_client, bool) or not 1 <= classes_per_client <= num_classes:
-        raise ValueError(
-            f"classes_per_client must be in [1, num_classes={num_classes}], got {classes_per_client!r}."
-        )
-    if not 1 <= num_clients <= n or num_clients * classes_per_client < num_classes:
-        raise ValueError(
-            f"num_clients={num_clients} with classes_per_client={classes_per_client}: PFLlib's pathological "
-            f"split needs num_clients * classes_per_client >= num_classes={num_classes} (else classes get "
-            f"no client), and num_clients <= N={n}."
-        )
+    _check_pathological(n, num_classes, num_clients, classes_per_client)
     least = pfllib_least_samples(n, num_clients) if min_size is None else int(min_size)
     rs = _legacy_rng(seed)
     free = [classes_per_client] * num_clients
@@ -723,18 +718,7 @@ def pfllib_pathological(
     for k in range(num_classes):
         chosen = [c for c in range(num_clients) if free[c] > 0][:per_class]
         idx = np.flatnonzero(labels == k)
-        m = len(idx) / len(chosen)
-        if balance:
-            counts = [int(m)] * (len(chosen) - 1)
-        else:
-            low = max(m / 10, least / num_classes)
-            if len(chosen) > 1 and not low < m:
-                raise ValueError(
-                    f"pfllib_pathological partition: class {k} has {len(idx)} samples for {len(chosen)} "
-                    f"clients, too few for PFLlib's draw in [{low:g}, {m:g}); use fewer clients."
-                )
-            counts = rs.randint(low, m, len(chosen) - 1).tolist()
-        counts.append(len(idx) - sum(counts))
+        counts = _pathological_shares(k, len(idx), len(chosen), balance, least / num_classes, rs)
         start = 0
         for c, count in zip(chosen, counts, strict=True):
             parts[c].append(idx[start : start + count])
@@ -748,3 +732,71 @@ def pfllib_pathological(
             f"use num_clients <= num_classes / classes_per_client * ceil(...) or more classes_per_client."
         )
     return [np.concatenate(p).astype(np.int64) for p in parts]
+
+
+def _check_pathological(n: int, num_classes: int, num_clients: int, classes_per_client: int) -> None:
+    """pfllib_pathological's argument checks (ValueError naming the argument)."""
+    if isinstance(classes_per_client, bool) or not 1 <= classes_per_client <= num_classes:
+        raise ValueError(
+            f"classes_per_client must be in [1, num_classes={num_classes}], got {classes_per_client!r}."
+        )
+    if not 1 <= num_clients <= n or num_clients * classes_per_client < num_classes:
+        raise ValueError(
+            f"num_clients={num_clients} with classes_per_client={classes_per_client}: PFLlib's pathological "
+            f"split needs num_clients * classes_per_client >= num_classes={num_classes} (else classes get "
+            f"no client), and num_clients <= N={n}."
+        )
+
+
+def _pathological_shares(
+    k: int, size: int, num_chosen: int, balance: bool, least_share: float, rs: np.random.RandomState
+) -> list[int]:
+    """How many of class k's `size` samples each of its `num_chosen` clients gets, in
+    PFLlib's "pat" rule: m = size / num_chosen; int(m) each (balanced) or
+    randint(max(m / 10, least_share), m) each (drawn from `rs`), and the last the rest."""
+    m = size / num_chosen
+    if balance:
+        counts = [int(m)] * (num_chosen - 1)
+    else:
+        low = max(m / 10, least_share)
+        if num_chosen > 1 and not low < m:
+            raise ValueError(
+                f"pfllib_pathological partition: class {k} has {size} samples for {num_chosen} "
+                f"clients, too few for PFLlib's draw in [{low:g}, {m:g}); use fewer clients."
+            )
+        counts = rs.randint(low, m, num_chosen - 1).tolist()
+    return counts + [size - sum(counts)]
+
+
+def pfllib_train_test_split(
+    n: int, train_ratio: float = PFLLIB_TRAIN_RATIO, rs: np.random.RandomState | int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """PFLlib's per-client split: sklearn's train_test_split(train_size=train_ratio,
+    shuffle=True) with no random_state, i.e. from numpy's global RandomState.
+
+    sklearn (ShuffleSplit) takes n_train = floor(train_ratio * n), n_test = n -
+    n_train, draws one `rs.permutation(n)` and returns its tail as train and its
+    head as test, in that order; the same here, so `rs` (PFLlib's global stream,
+    after its partition's draws) advances exactly as in PFLlib.
+
+    Args:
+      n: the client's number of samples.
+      train_ratio: PFLlib's train_ratio (0.75), in (0, 1).
+      rs: the RandomState (or its seed).
+
+    Returns:
+      (train_pos, test_pos): int64 positions into the client's samples, in
+      sklearn's order.
+
+    Raises:
+      ValueError: naming `test_fraction` where the train part would be empty (as
+        sklearn raises).
+    """
+    n_train = int(np.floor(train_ratio * n))
+    if n_train == 0:
+        raise ValueError(
+            f"PFLlib's train/test split of {n} samples with train share {train_ratio} (1 - test_fraction) "
+            f"leaves no training sample; use a smaller test_fraction or more samples per client."
+        )
+    perm = _legacy_rng(rs).permutation(n).astype(np.int64)
+    return perm[n - n_train :], perm[: n - n_train]

@@ -42,7 +42,7 @@ on the number of clients.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -99,58 +99,87 @@ def simulate_fedfac(
     """
     _check_args(num_clients, samples_per_client, d, m, p, alpha, noise_scale, label_rule)
     d2 = int(round(alpha * d))
-    d1 = d - d2
     m2 = int(round(p * m))
-    m1 = m - m2
-    n = samples_per_client
-
     shared_seq, *client_seqs = np.random.SeedSequence(seed).spawn(num_clients + 1)
-    rng = np.random.default_rng(shared_seq)
+    shared = _draw_shared(np.random.default_rng(shared_seq), m, m2, d - d2, d2)
+    clients = [
+        _draw_client(np.random.default_rng(seq), shared, samples_per_client, noise_scale, label_rule)
+        for seq in client_seqs
+    ]
+    xs, ys, weights, means, thresholds = zip(*clients, strict=True)
+    truth = _truth(shared, weights, means, thresholds)
+    truth |= {"p": float(p), "alpha": float(alpha), "noise_scale": float(noise_scale)}
+    truth |= {"label_rule": label_rule, "activation": "relu"}
+    return np.stack(xs).astype(np.float32), np.stack(ys), truth
+
+
+class _Shared(NamedTuple):
+    """The draws every client shares (shapes give d1, d2 and m2).
+
+    Attributes:
+      a: [m] output weights.
+      w_sp: [m2, d1] shared units' weights on the personalized covariates.
+      w_ss: [m2, d2] shared units' weights on the shared covariates.
+      sigma: [d1, d1] covariance of the personalized covariates (AR(1), 0.5).
+      chol: its Cholesky factor ([0, 0] when d1 = 0).
+    """
+
+    a: np.ndarray
+    w_sp: np.ndarray
+    w_ss: np.ndarray
+    sigma: np.ndarray
+    chol: np.ndarray
+
+
+def _draw_shared(rng: np.random.Generator, m: int, m2: int, d1: int, d2: int) -> _Shared:
+    """Draws a, then the shared units' weights (the shared stream's order)."""
     a = rng.standard_normal(m)
     w_sp = rng.uniform(-0.1, 0.1, size=(m2, d1))
     w_ss = rng.uniform(-1.0, 1.0, size=(m2, d2))
     sigma = ar1_covariance(d1)
     chol = np.linalg.cholesky(sigma) if d1 else np.zeros((0, 0))
+    return _Shared(a, w_sp, w_ss, sigma, chol)
 
-    xs, ys, weights, means, thresholds = [], [], [], [], []
-    for seq in client_seqs:
-        rng = np.random.default_rng(seq)
-        mu = rng.standard_normal(d1)
-        w_pp = mu + rng.standard_normal((m1, d1))
-        w_ps = rng.uniform(-0.1, 0.1, size=(m1, d2))
-        w = np.block([[w_pp, w_ps], [w_sp, w_ss]])  # [m, d]
-        x_p = mu + rng.standard_normal((n, d1)) @ chol.T
-        x_s = rng.standard_normal((n, d2))
-        x = np.concatenate([x_p, x_s], axis=1)  # [n, d]
-        y_star = np.maximum(x @ w.T, 0.0) @ a + noise_scale * (rng.standard_normal(n))
-        cut = 0.0 if label_rule == "paper" else float(np.median(y_star))
-        xs.append(x)
-        ys.append((y_star > cut).astype(np.int32))
-        weights.append(w)
-        means.append(mu)
-        thresholds.append(cut)
 
-    client_means = np.stack(means).reshape(num_clients, d1)
-    truth = {
+def _draw_client(rng: np.random.Generator, shared: _Shared, n: int, noise_scale: float, label_rule: str):
+    """One client's mu_c, personalized units and n samples, from its own stream.
+
+    Returns:
+      (x [n, d], y [n] int32, w [m, d] hidden weights, mu [d1], the label cut).
+    """
+    (m2, d1), d2 = shared.w_sp.shape, shared.w_ss.shape[1]
+    m1 = len(shared.a) - m2
+    mu = rng.standard_normal(d1)
+    w_pp = mu + rng.standard_normal((m1, d1))
+    w_ps = rng.uniform(-0.1, 0.1, size=(m1, d2))
+    w = np.block([[w_pp, w_ps], [shared.w_sp, shared.w_ss]])  # [m, d]
+    x_p = mu + rng.standard_normal((n, d1)) @ shared.chol.T
+    x_s = rng.standard_normal((n, d2))
+    x = np.concatenate([x_p, x_s], axis=1)  # [n, d]
+    y_star = np.maximum(x @ w.T, 0.0) @ shared.a + noise_scale * (rng.standard_normal(n))
+    cut = 0.0 if label_rule == "paper" else float(np.median(y_star))
+    return x, (y_star > cut).astype(np.int32), w, mu, cut
+
+
+def _truth(shared: _Shared, weights, means, thresholds) -> dict[str, Any]:
+    """The truth dict's arrays and sizes (see simulate_fedfac), from the draws."""
+    (m2, d1), d2 = shared.w_sp.shape, shared.w_ss.shape[1]
+    m1 = len(shared.a) - m2
+    client_means = np.stack(means).reshape(len(means), d1)
+    return {
         "hidden_weights": np.stack(weights).astype(np.float32),
-        "output_weights": a.astype(np.float32),
-        "shared_unit_mask": np.arange(m) >= m1,
-        "shared_covariate_mask": np.arange(d) >= d1,
+        "output_weights": shared.a.astype(np.float32),
+        "shared_unit_mask": np.arange(m1 + m2) >= m1,
+        "shared_covariate_mask": np.arange(d1 + d2) >= d1,
         "client_means": client_means.astype(np.float32),
-        "covariate_means": np.concatenate([client_means, np.zeros((num_clients, d2))], 1).astype(np.float32),
-        "personalized_covariance": sigma.astype(np.float32),
+        "covariate_means": np.concatenate([client_means, np.zeros((len(means), d2))], 1).astype(np.float32),
+        "personalized_covariance": shared.sigma.astype(np.float32),
         "thresholds": np.asarray(thresholds, np.float32),
         "d1": d1,
         "d2": d2,
         "m1": m1,
         "m2": m2,
-        "p": float(p),
-        "alpha": float(alpha),
-        "noise_scale": float(noise_scale),
-        "label_rule": label_rule,
-        "activation": "relu",
     }
-    return np.stack(xs).astype(np.float32), np.stack(ys), truth
 
 
 def _check_args(num_clients, samples_per_client, d, m, p, alpha, noise_scale, label_rule):

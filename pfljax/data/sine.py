@@ -10,8 +10,9 @@ global model (FedAvg) cannot follow the curve, a mixture of the right
 neighbours can.
 
 Registered as the per-client source "sine" (`pfljax.data.load_source("sine",
-num_clients=C, ...)`); `sine_federated_data` builds the padded train/test
-client arrays directly (x float32 [C, n, 1], y float32 [C, n, 1]).
+num_clients=C, ...)`); `sine_federated_data` builds its FederatedData
+directly (a random train/test split per client, ClientPools of x float32
+[n_c, 1] and y float32 [n_c, 1] rows).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def load_sine(*, data_dir=None, seed=0, num_clients=8, **kwargs) -> PerClient:
 def sine_federated_data(
     num_clients: int, *, test_fraction: float = 0.2, seed: int = 0, **kwargs
 ) -> FederatedData:
-    """Padded train/test client arrays of the sine toy (random split per client).
+    """The sine toy's FederatedData: train/test ClientPools (random split per client).
 
     Args:
       num_clients: C.

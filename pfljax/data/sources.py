@@ -3,9 +3,9 @@
 A source is either *pooled* (one labelled data set with train/test splits, to
 be partitioned among clients: Fashion-MNIST, any TFDS data set) or
 *per-client* (a generator that already produces each client's data: the FedFac
-simulation). Sources live in the `SOURCES` registry; `register_source` adds
-one (e.g. a later "sine" toy generator, registered with per_client=True).
-Names starting with "tfds:" are dispatched to TFDS.
+simulation, the "sine" toy). Sources live in the `SOURCES` registry;
+`register_source` adds one (`pfljax.data.sine` registers "sine" with
+per_client=True). Names starting with "tfds:" are dispatched to TFDS.
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ class PerClient(NamedTuple):
 
     Attributes:
       xs: C arrays [n_c, *input_shape] float32.
-      ys: C arrays [n_c] int32.
-      num_classes: number of classes K.
-      truth: generator parameters (see simulation.simulate_fedfac) or None.
+      ys: C arrays [n_c] int32 labels, or [n_c, *target] float32 targets (a
+        regression source, e.g. "sine").
+      num_classes: number of classes K (a regression source: its outputs).
+      truth: generator parameters (e.g. simulation.simulate_fedfac's) or None.
     """
 
     xs: list[np.ndarray]
@@ -77,9 +78,9 @@ class SourceSpec(NamedTuple):
     num_classes: int | None
 
 
-def _fashion_mnist(*, data_dir=None, seed=0, standardize=False) -> Pooled:
+def _fashion_mnist(*, data_dir=None, seed=0, standardize=False, pixel_scale="unit") -> Pooled:
     del seed  # deterministic source
-    d = idx.load_fashion_mnist(data_dir, standardize=standardize, codes=True)
+    d = idx.load_fashion_mnist(data_dir, standardize=standardize, codes=True, pixel_scale=pixel_scale)
     return Pooled(d["x_train"], d["y_train"], d["x_test"], d["y_test"], 10, d["levels"])
 
 
@@ -113,7 +114,7 @@ SOURCES: dict[str, SourceSpec] = {
 def register_source(
     name: str, load: Callable[..., Pooled | PerClient], *, per_client: bool, num_classes: int | None = None
 ) -> None:
-    """Adds a source to `SOURCES` (e.g. a "sine" generator, per_client=True).
+    """Adds a source to `SOURCES` (e.g. sine.py's "sine", per_client=True).
 
     Args:
       name: dataset name; must not start with "tfds:".
@@ -152,12 +153,13 @@ def load_source(name: str, *, data_dir: str | None = None, seed: int = 0, **kwar
     """Loads a data source by name.
 
     Args:
-      name: "fashion_mnist" (IDX files; kwargs: standardize), "simulation"
+      name: "fashion_mnist" (IDX files; kwargs: standardize, pixel_scale), "simulation"
         (FedFac model (8); kwargs: num_clients, samples_per_client, d, m, p,
         alpha, noise_scale, label_rule), "tfds:<name>" (kwargs: splits --
         default ("train", "test"); the first becomes x_train, the others are
-        concatenated into x_test --, prepare_from, standardize) or any name
-        added by `register_source`.
+        concatenated into x_test --, prepare_from, standardize), "sine"
+        (kwargs: those of sine.make_sine_clients) or any other name added by
+        `register_source`.
       data_dir: where the source reads from (IDX directory, TFDS data_dir);
         None means the source's default.
       seed: seed of generated sources.

@@ -1,7 +1,9 @@
 """Any TensorFlow Datasets (TFDS) image data set, read offline from a data_dir.
 
 `load_tfds("cifar10", data_dir)` reads an already prepared data set with
-`download=False` and returns numpy arrays (images float32 in [0, 1], NHWC).
+`download=False` and returns numpy arrays: images NHWC, float32 in [0, 1]
+(or standardized), or with `codes=True` uint8 images and a 256-entry table of
+their float values (what `sources` asks for, so pools stay uint8).
 TensorFlow and tensorflow_datasets are imported inside the functions only, so
 importing pfljax never imports TensorFlow.
 
@@ -132,6 +134,27 @@ def load_tfds(
         `splits` if a split is missing.
     """
     tfds = _import_tfds()
+    builder = _prepared_builder(name, data_dir, prepare_from)
+    info = builder.info
+    missing = [s for s in splits if s not in info.splits]
+    if missing:
+        raise ValueError(
+            f"splits={splits!r}: tfds:{name} has no split {missing}; it has {sorted(info.splits)}."
+        )
+    image_key, label_key = info.supervised_keys or ("image", "label")
+    out: dict = {}
+    for split in splits:
+        data = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1, shuffle_files=False))
+        out[f"x_{split}"], out[f"y_{split}"] = data[image_key], data[label_key].astype(np.int32)
+    out["levels"] = _pixel_values(out, splits, standardize=standardize, codes=codes)
+    label_feature = info.features[label_key]
+    out["num_classes"] = int(label_feature.num_classes)
+    out["class_names"] = list(label_feature.names)
+    return out
+
+
+def _prepared_builder(name: str, data_dir: str | None, prepare_from: str | None):
+    """TFDS's builder of `name`, prepared in data_dir (from `prepare_from` if it is not)."""
     builder = _builder(name, data_dir)
     if not builder.is_prepared():
         if prepare_from is None:
@@ -144,17 +167,14 @@ def load_tfds(
             )
         prepare_tfds_from_files(name, builder.data_dir_root, prepare_from)
         builder = _builder(name, data_dir)
-    info = builder.info
-    missing = [s for s in splits if s not in info.splits]
-    if missing:
-        raise ValueError(
-            f"splits={splits!r}: tfds:{name} has no split {missing}; it has {sorted(info.splits)}."
-        )
-    image_key, label_key = info.supervised_keys or ("image", "label")
-    out: dict = {}
-    for split in splits:
-        data = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1, shuffle_files=False))
-        out[f"x_{split}"], out[f"y_{split}"] = data[image_key], data[label_key].astype(np.int32)
+    return builder
+
+
+def _pixel_values(out: dict, splits: tuple[str, ...], *, standardize: bool, codes: bool):
+    """Turns out's raw `x_<split>` images into float32 values in place (scaled to [0, 1],
+    or standardized by the first split's pixel mean and std), unless `codes` and they
+    are uint8: then they stay codes. Returns the [256] float32 levels of the codes
+    (None where x holds the values)."""
     quantized = all(out[f"x_{s}"].dtype == np.uint8 for s in splits)
     levels = np.arange(256, dtype=np.float32) / 255.0 if quantized else None
     value = lambda x: levels[x] if quantized else x.astype(np.float32)  # noqa: E731
@@ -165,11 +185,7 @@ def load_tfds(
             levels = ((levels - mean) / std).astype(np.float32)
         else:
             value = lambda x: ((x.astype(np.float32) - mean) / std).astype(np.float32)  # noqa: E731
-    if not (codes and quantized):
-        out.update({f"x_{s}": value(out[f"x_{s}"]) for s in splits})
-        levels = None
-    out["levels"] = levels
-    label_feature = info.features[label_key]
-    out["num_classes"] = int(label_feature.num_classes)
-    out["class_names"] = list(label_feature.names)
-    return out
+    if codes and quantized:
+        return levels
+    out.update({f"x_{s}": value(out[f"x_{s}"]) for s in splits})
+    return None

@@ -20,6 +20,7 @@ class Checkpoints:
         import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
         self.ocp = ocp
+        self.directory = directory
         self.manager = ocp.CheckpointManager(
             os.path.abspath(directory), options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
         )

@@ -87,21 +87,53 @@ def compare(
     replica_strategy: "vmap", "map" or "auto" (map on CPU): how replicas are
       mapped inside the program (`pfljax.core.replicas.resolve_strategy`).
     """
-    from pfljax.experiment import sweep  # pylint: disable=import-outside-toplevel
-
     if not algorithms:
         raise ValueError("algorithms must name at least one algorithm")
     if not seeds:
         raise ValueError("seeds must hold at least one seed")
     check_workdir(workdir)
-    configs = {}  # label -> config
-    groups = {}  # algorithm -> its labels
+    configs, groups = _run_configs(config, algorithms, grid)
+    t_start = time.perf_counter()
+    if vectorize:
+        summaries = _run_vectorized(configs, groups, algorithms, seeds, workdir, grid, replica_strategy)
+    else:
+        summaries = _run_separately(configs, seeds, workdir, progress)
+    results = aggregate(summaries)
+    resolved = resolve(configs[next(iter(configs))])[0]
+    table = markdown_table(results, resolved, seeds)
+    _write_results(workdir, summaries, results, table, resolved, seeds)
+    diverged = [
+        (name, s["seed"], s["diverged_round"])
+        for name, runs in summaries.items()
+        for s in runs
+        if s.get("status") == STATUS_DIVERGED
+    ]
+    logging.info(
+        "compare: %d runs in %.1f s (%d diverged); results in %s",
+        len(configs) * len(seeds),
+        time.perf_counter() - t_start,
+        len(diverged),
+        workdir,
+    )
+    return {"table": table, "results": results, "diverged": diverged}
+
+
+def _run_configs(config, algorithms: Sequence[str], grid) -> tuple[dict, dict]:
+    """Every row's config, validated (ConfigError otherwise).
+
+    Returns:
+      ({label: config}, {algorithm: its labels}): a label is the algorithm's name,
+      or with a grid one `grid_label` per value of the grid's option.
+    """
+    from pfljax.experiment import sweep  # pylint: disable=import-outside-toplevel
+
+    configs, groups = {}, {}
     for name in algorithms:
         c = copy.deepcopy(config)
         with c.unlocked():
             c.algorithm = name
-        groups[name] = []
         points = [(name, None)] if grid is None else [(grid_label(name, grid[0], v), v) for v in grid[1]]
+        groups[name] = [lab for lab, _ in points]
         for lab, value in points:
             cc = copy.deepcopy(c)
             if grid is not None:
@@ -113,53 +145,21 @@ def compare(
                         cc[grid[0]] = value
             resolve(cc)  # validates
             configs[lab] = cc
-            groups[name].append(lab)
+    return configs, groups
+
+
+def _run_separately(configs: dict, seeds: Sequence[int], workdir: str, progress: bool) -> dict:
+    """Every run on its own (`train_and_evaluate`), seed by seed, all rows sharing each
+    seed's data; every algorithm is prepared on the first seed's data before the
+    first round. Sets each config's seed (to the last seed at the end).
+
+    Returns:
+      {label: its summaries, in seed order}.
+    """
     labels = list(configs)
     summaries = {lab: [] for lab in labels}
     total, done = len(labels) * len(seeds), 0
-    t_start = time.perf_counter()
-    if vectorize:
-        first = copy.deepcopy(configs[labels[0]])
-        first.seed = seeds[0]
-        fed = make_data(first)
-        runs = {}
-        for name in algorithms:  # every check before the first round
-            cs, dirs = [], []
-            for lab in groups[name]:
-                for seed in seeds:
-                    cc = copy.deepcopy(configs[lab])
-                    cc.seed = seed
-                    cs.append(cc)
-                    dirs.append(run_dir(workdir, lab, seed))
-            runs[name] = (cs, dirs)
-            sweep.train_replicas(
-                cs,
-                dirs,
-                fed_data=fed,
-                grid=[grid[0]] if grid else [],
-                checkpoint_dir=os.path.join(workdir, name, "replica_checkpoints"),
-                dry_run=True,
-                strategy=replica_strategy,
-            )
-        for name in algorithms:
-            cs, dirs = runs[name]
-            logging.info("compare: %s: %d runs as one program", name, len(cs))
-            t0 = time.perf_counter()
-            out = sweep.train_replicas(
-                cs,
-                dirs,
-                fed_data=fed,
-                grid=[grid[0]] if grid else [],
-                checkpoint_dir=os.path.join(workdir, name, "replica_checkpoints"),
-                strategy=replica_strategy,
-            )
-            i = 0
-            for lab in groups[name]:
-                for _ in seeds:
-                    summaries[lab].append(out[i])
-                    i += 1
-            logging.info("compare: %s: %d runs done in %.1f s", name, len(cs), time.perf_counter() - t0)
-    for i, seed in enumerate(seeds if not vectorize else ()):
+    for i, seed in enumerate(seeds):
         base = copy.deepcopy(configs[labels[0]])
         base.seed = seed
         fed = make_data(base)
@@ -186,40 +186,79 @@ def compare(
                     summary["final_mean_accuracy"],
                     time.perf_counter() - t0,
                 )
-    results = aggregate(summaries)
-    resolved = resolve(configs[labels[0]])[0]
-    table = markdown_table(results, resolved, seeds)
+    return summaries
+
+
+def _run_vectorized(
+    configs: dict, groups: dict, algorithms, seeds: Sequence[int], workdir: str, grid, strategy: str
+) -> dict:
+    """Each algorithm's runs (its labels x seeds) as one program
+    (`sweep.train_replicas`) on the first seed's data; every algorithm is checked
+    (a dry run) before the first round.
+
+    Returns:
+      {label: its summaries, in seed order}.
+    """
+    from pfljax.experiment import sweep  # pylint: disable=import-outside-toplevel
+
+    first = copy.deepcopy(configs[next(iter(configs))])
+    first.seed = seeds[0]
+    fed = make_data(first)
+    runs = {name: _replica_runs(configs, groups[name], seeds, workdir) for name in algorithms}
+
+    def replicas(name, **kwargs):
+        cs, dirs = runs[name]
+        return sweep.train_replicas(
+            cs,
+            dirs,
+            fed_data=fed,
+            grid=[grid[0]] if grid else [],
+            checkpoint_dir=os.path.join(workdir, name, "replica_checkpoints"),
+            strategy=strategy,
+            **kwargs,
+        )
+
+    for name in algorithms:  # every check before the first round
+        replicas(name, dry_run=True)
+    summaries = {lab: [] for lab in configs}
+    for name in algorithms:
+        logging.info("compare: %s: %d runs as one program", name, len(runs[name][0]))
+        t0 = time.perf_counter()
+        out = replicas(name)
+        order = [lab for lab in groups[name] for _ in seeds]  # out's order
+        for i, lab in enumerate(order):
+            summaries[lab].append(out[i])
+        logging.info(
+            "compare: %s: %d runs done in %.1f s", name, len(runs[name][0]), time.perf_counter() - t0
+        )
+    return summaries
+
+
+def _replica_runs(configs: dict, labels: Sequence[str], seeds: Sequence[int], workdir: str):
+    """(configs, run directories) of one program's replicas: every label at every seed."""
+    cs, dirs = [], []
+    for lab in labels:
+        for seed in seeds:
+            cc = copy.deepcopy(configs[lab])
+            cc.seed = seed
+            cs.append(cc)
+            dirs.append(run_dir(workdir, lab, seed))
+    return cs, dirs
+
+
+def _write_results(workdir: str, summaries: dict, results: dict, table: str, config, seeds) -> None:
+    """results.md, results.json, results.csv and the overlay plots (accuracy.png, loss.png)."""
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(table)
     write_json(os.path.join(workdir, "results.json"), {"seeds": list(seeds), "results": results})
     write_csv(os.path.join(workdir, "results.csv"), per_seed_rows(summaries))
-    title = f"{data_title(resolved)}; seeds {list(seeds)}"
-    dirs = {label(name, results[name]): [run_dir(workdir, name, s) for s in seeds] for name in labels}
-    plots.plot_overlay(
-        {name: curve(d, "mean_accuracy") for name, d in dirs.items()},
-        os.path.join(workdir, "accuracy.png"),
-        title,
-    )
+    title = f"{data_title(config)}; seeds {list(seeds)}"
+    dirs = {label(name, results[name]): [run_dir(workdir, name, s) for s in seeds] for name in summaries}
+    curves = lambda key: {name: curve(d, key) for name, d in dirs.items()}  # noqa: E731
+    plots.plot_overlay(curves("mean_accuracy"), os.path.join(workdir, "accuracy.png"), title)
     plots.plot_overlay_losses(
-        {name: curve(d, "train_loss") for name, d in dirs.items()},
-        {name: curve(d, "mean_loss") for name, d in dirs.items()},
-        os.path.join(workdir, "loss.png"),
-        title,
+        curves("train_loss"), curves("mean_loss"), os.path.join(workdir, "loss.png"), title
     )
-    diverged = [
-        (name, s["seed"], s["diverged_round"])
-        for name, runs in summaries.items()
-        for s in runs
-        if s.get("status") == STATUS_DIVERGED
-    ]
-    logging.info(
-        "compare: %d runs in %.1f s (%d diverged); results in %s",
-        total,
-        time.perf_counter() - t_start,
-        len(diverged),
-        workdir,
-    )
-    return {"table": table, "results": results, "diverged": diverged}
 
 
 def aggregate(summaries: dict[str, list[dict]]) -> dict:

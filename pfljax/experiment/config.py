@@ -45,6 +45,8 @@ from pfljax.core.local import LOOPS, LocalTraining
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
 from pfljax.data import FederatedData, build_federated_data
+from pfljax.data.federated import TEST_SPLITS
+from pfljax.data.idx import PIXEL_SCALES
 from pfljax.models import MODELS, Model, build_model
 
 IDX_DIR = "/usr/share/datasets/fashion-mnist"
@@ -134,13 +136,14 @@ RESUMABLE_FIELDS = (
     "num_devices",
     "replicate_data",
     "data_dir",
+    "block_rounds",
 )
 
 
 # The `config.source.<option>` fields each built-in source takes (others are refused).
 SOURCE_OPTIONS = {
     "simulation": ("samples_per_client", "d", "m", "p", "alpha", "noise_scale", "label_rule"),
-    "fashion_mnist": ("standardize",),
+    "fashion_mnist": ("standardize", "pixel_scale"),
     "tfds:": ("splits", "prepare_from", "standardize"),
 }
 # Domains of the numeric source options (checked where set).
@@ -170,12 +173,14 @@ FIELD_HELP = {
     "permute_labels": "none, client or group",
     "samples_per_client": "cap per client (class-stratified); 0: no cap",
     "test_fraction": "share of each client's samples held out for test, in (0, 1)",
+    "test_split": "stratified (by label) or pfllib (PFLlib's shuffled train_test_split on its numpy stream)",
     "num_clients": ">= 1",
     "clients_per_round": "0: all clients, else in [1, num_clients]",
     "rounds": ">= 1",
     "local_steps": "local steps per round; 0: use local_epochs",
     "local_epochs": ">= 1; used when local_steps is 0",
     "batch_size": ">= 1",
+    "drop_last": "drop each epoch's last incomplete batch (floor(n / batch_size) steps; PFLlib's)",
     "optimizer": "auto (the method's: adam for federico, else sgd), sgd, adam, adamw",
     "learning_rate": "> 0; unset: the optimizer's default (sgd 0.05, adam 1e-3)",
     "momentum": "sgd momentum in [0, 1); unset: 0.9 (pfedme: 0, as its paper)",
@@ -229,8 +234,9 @@ def algorithm_options(name: str) -> ml_collections.ConfigDict:
 def source_options() -> ml_collections.ConfigDict:
     """Options of the built-in sources, all unset (None) so `--config.source.<name>=v`
     can set them: the simulation's (samples_per_client, d, m, p, alpha,
-    noise_scale, label_rule), and standardize / splits / prepare_from (Fashion-MNIST,
-    TFDS). Only the ones set are passed to the source."""
+    noise_scale, label_rule), standardize / splits / prepare_from (Fashion-MNIST,
+    TFDS), and pixel_scale (Fashion-MNIST: "unit" [0, 1], "symmetric" [-1, 1] as
+    PFLlib's ToTensor + Normalize(0.5, 0.5)). Only the ones set are passed to the source."""
     ph = ml_collections.config_dict.placeholder
     return ml_collections.ConfigDict(
         {
@@ -244,6 +250,7 @@ def source_options() -> ml_collections.ConfigDict:
             "standardize": ph(bool),
             "splits": ph(tuple),
             "prepare_from": ph(str),
+            "pixel_scale": ph(str),
         }
     )
 
@@ -284,6 +291,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.permute_labels = "none"
     config.samples_per_client = 1000 if fmnist else 0  # 0: no cap
     config.test_fraction = 0.2
+    config.test_split = "stratified"  # pfllib: PFLlib's per-client train_test_split, exactly
     config.source = source_options()  # extra source options (e.g. simulation p, alpha); None: unset
     # Federation.
     config.num_clients = 10
@@ -293,6 +301,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.local_steps = 0  # 0: use local_epochs
     config.local_epochs = 1
     config.batch_size = 32
+    config.drop_last = False  # True: floor(n / B) full batches per epoch (PFLlib's DataLoader)
     config.optimizer = "auto"  # auto: ALGORITHM_TRAINING (adam for federico), else sgd
     config.learning_rate = ml_collections.config_dict.placeholder(float)  # None: OPTIMIZER_DEFAULTS
     config.momentum = ml_collections.config_dict.placeholder(float)  # None: OPTIMIZER_DEFAULTS (sgd only)
@@ -355,6 +364,15 @@ def _one_of(config, field: str, allowed) -> None:
     )
 
 
+def _check_pfllib_mode(config: ml_collections.ConfigDict) -> None:
+    """The fields of PFLlib's batches and pixels: drop_last, source.pixel_scale (test_split: `choices`)."""
+    _check(
+        isinstance(config.drop_last, bool), "drop_last", f"must be True or False, got {config.drop_last!r}"
+    )
+    scale, scales = config.source.get("pixel_scale"), PIXEL_SCALES
+    _check(scale is None or scale in scales, "source.pixel_scale", f"must be one of {scales}, got {scale!r}")
+
+
 def choices() -> dict[str, Any]:
     """{field: its allowed values} of the common fields that name a choice."""
     from pfljax.data.federated import PARTITIONS  # pylint: disable=import-outside-toplevel
@@ -364,6 +382,7 @@ def choices() -> dict[str, Any]:
         "algorithm": algorithms.available(),
         "partition": PARTITIONS,
         "permute_labels": PERMUTE_MODES,
+        "test_split": TEST_SPLITS,
         "optimizer": OPTIMIZERS,
         "loss": LOSS_NAMES,
         "client_map": STRATEGIES,
@@ -455,6 +474,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     schema = _schema()
     _check_names(config, schema)
     _check_source(config)
+    _check_pfllib_mode(config)
     for field, allowed in choices().items():
         _one_of(config, field, allowed)
     for field, domain in numeric_domains(config).items():
@@ -571,6 +591,7 @@ def make_local(config, task: str = "classification") -> LocalTraining:
         epochs=None if steps else config.local_epochs,
         loss=loss,
         loop=config.local_loop,
+        drop_last=config.drop_last,
     ).validate()
 
 
@@ -637,6 +658,7 @@ def make_data(config) -> FederatedData:
                 permute_labels=config.permute_labels,
                 samples_per_client=config.samples_per_client or None,
                 test_fraction=config.test_fraction,
+                test_split=config.test_split,
                 seed=config.seed if config.data_seed < 0 else config.data_seed,
                 data_dir=config.data_dir or None,
                 source_kwargs={k: v for k, v in _tuples(to_plain(config.source)).items() if v is not None},

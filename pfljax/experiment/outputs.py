@@ -1,12 +1,12 @@
 """Run outputs written as the run goes: JSON files, JSONL logs, TensorBoard events.
 
-Workdir layout (see `pfljax.experiment.train`):
+Workdir layout (see `pfljax.experiment.loop`):
 
     config.json        the config of the run (resolved: no "auto" fields)
     data.json          the partition: per client train/test sizes, classes, per-class counts
     partition.png      the label distribution (clients x classes)
     metrics.jsonl      one line per evaluated round
-    metrics.csv        the same rows as a CSV table
+    metrics.csv        the same rows as a CSV table (appended as they come)
     traces.jsonl       non-scalar round metrics, one line per round that has any
     summary.json       at the end ("status": "completed" or "diverged")
     accuracy.png, loss.png, collaboration.png (plots)
@@ -57,15 +57,46 @@ def write_csv(path: str, rows: list[dict]) -> None:
     appearance, scalars only (lists are left out), empty cells for missing or
     non-finite values."""
     rows = [jsonable(r) for r in rows]
-    columns = []
-    for row in rows:
-        columns += [k for k, v in row.items() if k not in columns and not isinstance(v, list | dict)]
+    columns = _columns(rows)
     tmp = f"{path}.tmp"
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows([{k: ("" if row.get(k) is None else row.get(k)) for k in columns} for row in rows])
+        writer.writerows([_cells(row, columns) for row in rows])
     os.replace(tmp, path)
+
+
+class CsvLog:
+    """metrics.csv kept in step with metrics.jsonl by appending: written whole once
+    (from the rows kept on resume), then one line per row; rewritten only when a
+    row brings a new column (so a long run writes O(rounds) bytes)."""
+
+    def __init__(self, path: str, rows: list[dict]):
+        self.path, self.rows = path, [jsonable(r) for r in rows]
+        self.columns = _columns(self.rows)
+        write_csv(path, self.rows)
+
+    def append(self, row: dict) -> None:
+        row = jsonable(row)
+        self.rows.append(row)
+        if any(k not in self.columns for k in _columns([row])):
+            self.columns = _columns(self.rows)
+            write_csv(self.path, self.rows)
+            return
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(_cells(row, self.columns))
+
+
+def _columns(rows: list[dict]) -> list[str]:
+    """Scalar columns in order of first appearance (lists and dicts are left out)."""
+    columns = []
+    for row in rows:
+        columns += [k for k, v in row.items() if k not in columns and not isinstance(v, list | dict)]
+    return columns
+
+
+def _cells(row: dict, columns: list[str]) -> dict:
+    return {k: ("" if row.get(k) is None else row.get(k)) for k in columns}
 
 
 def read_json(path: str) -> Any:

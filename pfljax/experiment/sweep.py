@@ -10,9 +10,11 @@ accuracy.png, loss.png, collaboration.png) with the same numbers (up to float
 summation order, rtol ~1e-5). The whole replica state is checkpointed in
 `checkpoint_dir` (not in each run's `checkpoints/`); rerunning resumes from it.
 
+The replicas run through the same loop as a single run
+(`pfljax.experiment.loop.run_loop`: blocks of rounds on device, outputs appended,
+a replica that diverges stops alone; a DP budget, shared by all, stops them all).
 Not supported (ConfigError before training): more than one device
-(`num_devices`), `dp.target_epsilon` (runs stopping at different rounds), a
-workdir holding a run that this sweep's checkpoint does not cover.
+(`num_devices`), a workdir holding a run that this sweep's checkpoint does not cover.
 """
 
 from __future__ import annotations
@@ -23,42 +25,23 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import logging
 
 from pfljax import algorithms
 from pfljax.core import replicas as R
-from pfljax.experiment import plots
+from pfljax.core.blocks import all_finite, make_block
 from pfljax.experiment.checkpoint import Checkpoints, check_config
 from pfljax.experiment.config import (
     ConfigError,
     _tuples,
-    dp_delta,
     make_client_map,
     make_local,
     make_privacy,
     prepare,
     to_plain,
 )
-from pfljax.experiment.outputs import JsonlLog, TensorBoard, jsonable, write_csv, write_json
-from pfljax.experiment.train import (
-    EVAL_STREAM,
-    STATUS_COMPLETED,
-    STATUS_DIVERGED,
-    _non_finite,
-    _optional_reports,
-    _plots,
-    _summary,
-    all_finite,
-    best_window_mean,
-    check_workdir,
-    data_title,
-    divergence_message,
-    eval_key,
-    evaluation_row,
-    privacy_epsilon,
-    split_metrics,
-)
+from pfljax.experiment.loop import Program, Replica, compile_block, finish, new_host, run_loop, write_summary
+from pfljax.experiment.train import EVAL_STREAM, check_workdir, eval_key, write_run_files
 
 TOP_LEVEL = ("learning_rate",)  # top-level fields a grid may vary (they enter through make_local)
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
@@ -154,8 +137,6 @@ def _check_inputs(configs, workdirs, grid_names):
         )
     if first.num_devices not in (0, 1):
         raise ConfigError(f"--vectorize runs on one device; got config.num_devices={first.num_devices}")
-    if first.dp.enabled and first.dp.target_epsilon:
-        raise ConfigError("--vectorize does not support config.dp.target_epsilon (runs would stop apart)")
     if len(set(map(os.path.abspath, workdirs))) != len(workdirs):
         raise ConfigError("replicas need distinct workdirs")
 
@@ -209,75 +190,18 @@ def train_replicas(
     for w in workdirs:
         check_workdir(w)
     preps = [prepare(c, fed_data) for c in configs]  # validates every value concretely
-    fed_data = preps[0].fed_data
-    rconfigs = [p.config for p in preps]
     grid = list(grid)
     for option in grid:
-        for c in rconfigs:
-            grid_target(c, option)
-    _check_inputs(rconfigs, workdirs, grid)
-    config, prep = rconfigs[0], preps[0]
-    count = len(configs)
-    num = fed_data.data.train.count.shape[0]
-    if grid:
-        values = {o: [_option(c, o) for c in rconfigs] for o in grid}
-        build = make_build(config, prep, grid)
-        try:
-            R.check_varying(build, values, fed_data.data, num, prefix=f"{config.algorithm} option ")
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
-        reps = R.replicate_grid(build, values, strategy)
-    else:
-        reps = R.replicate(prep.algorithm, count, strategy)
-    keys = [jax.random.split(jax.random.key(c.seed)) for c in rconfigs]
-    init_keys, run_keys = jnp.stack([k[0] for k in keys]), jnp.stack([k[1] for k in keys])
-    one = jax.eval_shape(lambda k: prep.algorithm.init(k, None, num), init_keys[0])
-    try:
-        R.check_memory(one, fed_data.data, count, memory_limit, what=f"{config.algorithm} replicas")
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    if not os.path.isdir(checkpoint_dir):
-        for w in workdirs:
-            held = [f for f in RUN_FILES if os.path.exists(os.path.join(w, f))]
-            if held:
-                raise ConfigError(
-                    f"--workdir {w!r} holds a run ({', '.join(held)}) and there is no replica checkpoint "
-                    f"{checkpoint_dir!r}: --vectorize cannot resume it; use another --workdir or run "
-                    "without --vectorize"
-                )
+        for p in preps:
+            grid_target(p.config, option)
+    _check_inputs([p.config for p in preps], workdirs, grid)
+    reps = _replicas(preps, grid, strategy, memory_limit)
+    _check_fresh_workdirs(checkpoint_dir, workdirs)
     if dry_run:
         return None
-
-    plains = [to_plain(c) for c in rconfigs]
-    template = jax.device_get(jax.jit(lambda k: reps.init(k, None, num))(init_keys))
     ckpts = Checkpoints(checkpoint_dir)
     try:
-        start = ckpts.latest() or 0
-        if start:
-            saved = ckpts.restore_host(start)
-            if len(saved["configs"]) != count:
-                raise ConfigError(
-                    f"{checkpoint_dir!r} holds a checkpoint of {len(saved['configs'])} replicas, not {count}"
-                )
-            for s, p, w in zip(saved["configs"], plains, workdirs):
-                check_config(s, p, w)
-            if config.rounds < start:
-                raise ConfigError(f"config.rounds={config.rounds} is below round {start} of the checkpoint")
-            states, saved = ckpts.restore(start, template)
-            hosts = saved["replicas"]
-        else:
-            states = template
-            hosts = [
-                {
-                    "bytes_up_total": 0.0,
-                    "bytes_down_total": 0.0,
-                    "best_mean_accuracy": None,
-                    "round_seconds": [],
-                    "diverged": None,
-                }
-                for _ in range(count)
-            ]
-        return _loop(rconfigs, preps, plains, workdirs, reps, states, hosts, start, run_keys, ckpts, t_start)
+        return _run(preps, workdirs, reps, ckpts, t_start)
     finally:
         ckpts.close()
 
@@ -286,147 +210,109 @@ def _option(config, option):
     return float(config[option] if option in TOP_LEVEL else config[config.algorithm][option])
 
 
-def _loop(configs, preps, plains, workdirs, reps, states, hosts, start, run_keys, ckpts, t_start):
-    config, prep, count = configs[0], preps[0], len(configs)
+def _replicas(preps, grid, strategy, memory_limit) -> R.Replicas:
+    """The Replicas of the preps' configs (a grid over `grid`, or seeds), memory checked."""
+    config, prep, count = preps[0].config, preps[0], len(preps)
+    num = prep.fed_data.data.train.count.shape[0]
+    if grid:
+        values = {o: [_option(p.config, o) for p in preps] for o in grid}
+        build = make_build(config, prep, grid)
+        try:
+            R.check_varying(build, values, prep.fed_data.data, num, prefix=f"{config.algorithm} option ")
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        reps = R.replicate_grid(build, values, strategy)
+    else:
+        reps = R.replicate(prep.algorithm, count, strategy)
+    one = jax.eval_shape(lambda k: prep.algorithm.init(k, None, num), jax.random.key(0))
+    try:
+        R.check_memory(one, prep.fed_data.data, count, memory_limit, what=f"{config.algorithm} replicas")
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return reps
+
+
+def _check_fresh_workdirs(checkpoint_dir: str, workdirs) -> None:
+    """Without a replica checkpoint, no workdir may hold a run (it could not be resumed)."""
+    if os.path.isdir(checkpoint_dir):
+        return
+    for w in workdirs:
+        held = [f for f in RUN_FILES if os.path.exists(os.path.join(w, f))]
+        if held:
+            raise ConfigError(
+                f"--workdir {w!r} holds a run ({', '.join(held)}) and there is no replica checkpoint "
+                f"{checkpoint_dir!r}: --vectorize cannot resume it; use another --workdir or run "
+                "without --vectorize"
+            )
+
+
+def _restore(ckpts, configs, plains, workdirs, template):
+    """(start round, stacked states, per-replica host totals): from the checkpoint, or fresh."""
+    start = ckpts.latest() or 0
+    if not start:
+        return 0, template, [new_host() for _ in configs]
+    saved = ckpts.restore_host(start)
+    if len(saved["configs"]) != len(configs):
+        raise ConfigError(
+            f"{ckpts.directory!r} holds a checkpoint of {len(saved['configs'])} replicas, not {len(configs)}"
+        )
+    for s, p, w in zip(saved["configs"], plains, workdirs):
+        check_config(s, p, w)
+    if configs[0].rounds < start:
+        raise ConfigError(f"config.rounds={configs[0].rounds} is below round {start} of the checkpoint")
+    states, saved = ckpts.restore(start, template)
+    return start, states, saved["replicas"]
+
+
+def replicas_program(reps: R.Replicas, data, run_keys, ckpts, plains) -> Program:
+    """The Program of R replicas: the round and evaluation mapped over R, one device."""
+    eval_bases = jax.vmap(lambda k: jax.random.fold_in(k, EVAL_STREAM))(run_keys)
+
+    def evaluate(states, data, keys, r):
+        return reps.evaluate(states, data, jax.vmap(lambda k: eval_key(k, r))(keys))
+
+    def block_for(length):
+        return jax.jit(make_block(reps.round, evaluate, jax.vmap(all_finite), length), donate_argnums=0)
+
+    def save(r, states, hosts):
+        ckpts.save(r, jax.device_get(states), {"replicas": hosts, "configs": plains})
+
+    def final(states, r):
+        host_states, keys = jax.device_get((states, jax.vmap(lambda k: eval_key(k, r))(eval_bases)))
+        return [(R.take(host_states, i), reps.algorithm(i), R.take(keys, i)) for i in range(reps.count)]
+
+    def evaluate_at(states, r):
+        return jax.device_get(jax.jit(evaluate)(states, data, eval_bases, r))
+
+    return Program(reps.count, block_for, (data, run_keys, eval_bases), R.take, save, evaluate_at, final)
+
+
+def _run(preps, workdirs, reps, ckpts, t_start):
+    configs = [p.config for p in preps]
+    config, prep, num = configs[0], preps[0], preps[0].fed_data.data.train.count.shape[0]
+    plains = [to_plain(c) for c in configs]
+    keys = [jax.random.split(jax.random.key(c.seed)) for c in configs]
+    init_keys, run_keys = jnp.stack([k[0] for k in keys]), jnp.stack([k[1] for k in keys])
+    template = jax.device_get(jax.jit(lambda k: reps.init(k, None, num))(init_keys))
+    start, states, hosts = _restore(ckpts, configs, plains, workdirs, template)
     for line in prep.notes:
         logging.info("%s", line)
-    metrics_logs = [JsonlLog(os.path.join(w, "metrics.jsonl")) for w in workdirs]
-    traces_logs = [JsonlLog(os.path.join(w, "traces.jsonl")) for w in workdirs]
-    rows = [log.truncate(start) for log in metrics_logs]
-    tbs = []
-    for r, w in enumerate(workdirs):
-        traces_logs[r].truncate(start)
-        write_csv(os.path.join(w, "metrics.csv"), rows[r])
-        write_json(os.path.join(w, "config.json"), plains[r])
-        write_json(os.path.join(w, "data.json"), prep.fed_data.summary)
-        plots.plot_partition(prep.fed_data.summary, os.path.join(w, "partition.png"), data_title(configs[r]))
-        tbs.append(TensorBoard(os.path.join(w, "tensorboard"), purge_step=start + 1 if start else None))
-
-    data = prep.fed_data.data
-    t0 = time.perf_counter()
-
-    def checked_round(states, data, keys):
-        states, metrics = reps.round(states, data, keys)
-        return states, metrics, jax.vmap(all_finite)(states)
-
-    round_fn = jax.jit(checked_round, donate_argnums=0).lower(states, data, run_keys).compile()
-    eval_bases = jax.vmap(lambda k: jax.random.fold_in(k, EVAL_STREAM))(run_keys)
-    eval_fn = jax.jit(reps.evaluate).lower(states, data, eval_bases).compile()
-    compile_seconds = time.perf_counter() - t0
+    replicas = []
+    for c, p, w, host, plain in zip(configs, preps, workdirs, hosts, plains):
+        replicas.append(Replica(c, p, w, host, start))
+        write_run_files(w, plain, p, c)
+    states, data = jax.device_put((states, prep.fed_data.data))
+    program = replicas_program(reps, data, run_keys, ckpts, plains)
+    compiled, length, compile_seconds = compile_block(program, config, states, start)
     logging.info(
-        "%s: %d replicas, rounds %d..%d as one program, compiled in %.1f s",
-        config.algorithm,
-        count,
-        start + 1,
-        config.rounds,
-        compile_seconds,
-    )
-    eval_keys = lambda r: jax.vmap(lambda k: eval_key(k, r))(eval_bases)  # noqa: E731
-    per_client = [None] * count
-    for rnd in range(start + 1, config.rounds + 1):
-        t0 = time.perf_counter()
-        states, metrics, finite = round_fn(states, data, run_keys)
-        metrics, finite = jax.device_get((metrics, finite))
-        seconds = time.perf_counter() - t0
-        evaluate = rnd % config.eval_every == 0 or rnd == config.rounds
-        ev = None
-        if evaluate:
-            t1 = time.perf_counter()
-            ev = jax.device_get(eval_fn(states, data, eval_keys(rnd)))
-            eval_seconds = time.perf_counter() - t1
-        for r in range(count):
-            host = hosts[r]
-            if host["diverged"] is not None:
-                continue
-            scalars, traces = split_metrics(R.take(metrics, r))
-            loss = scalars.get("train_loss")
-            what = _non_finite(loss, bool(finite[r]))
-            if what:
-                host["diverged"] = {"round": rnd, "train_loss": str(loss), "what": what}
-                continue
-            host["round_seconds"].append(seconds)
-            host["bytes_up_total"] += scalars.get("bytes_up", 0.0)
-            host["bytes_down_total"] += scalars.get("bytes_down", 0.0)
-            if traces:
-                traces_logs[r].append({"round": rnd, **traces})
-            if ev is None:
-                continue
-            pc = R.take(ev, r)
-            what = _non_finite(None, True, pc)
-            if what:
-                host["diverged"] = {"round": rnd, "train_loss": str(loss), "what": what}
-                continue
-            per_client[r] = pc
-            row = {"round": rnd, **scalars, **evaluation_row(pc), "seconds": seconds}
-            eps = privacy_epsilon(configs[r], rnd)
-            if eps is not None:
-                row["dp_epsilon"] = eps
-            row["eval_seconds"] = eval_seconds
-            best = host["best_mean_accuracy"]
-            host["best_mean_accuracy"] = (
-                row["mean_accuracy"] if best is None else max(best, row["mean_accuracy"])
-            )
-            rows[r].append(jsonable(row))
-            metrics_logs[r].append(row)
-            write_csv(os.path.join(workdirs[r], "metrics.csv"), rows[r])
-            tbs[r].scalars(rnd, {k: v for k, v in jsonable(row).items() if k != "round"})
-        if ev is not None:
-            done = [h for h in hosts if h["diverged"] is None]
-            logging.info(
-                "%s round %d/%d: mean acc over %d running replicas %.4f, %.3f s/round",
-                config.algorithm,
-                rnd,
-                config.rounds,
-                len(done),
-                np.mean(
-                    [rows[r][-1]["mean_accuracy"] for r in range(count) if hosts[r]["diverged"] is None]
-                    or [np.nan]
-                ),
-                seconds,
-            )
-        if (config.checkpoint_every and rnd % config.checkpoint_every == 0) or rnd == config.rounds:
-            ckpts.save(rnd, jax.device_get(states), {"replicas": hosts, "configs": plains})
-        if all(h["diverged"] is not None for h in hosts):
-            break
-    for tb in tbs:
-        tb.close()
-
-    final_keys = jax.device_get(eval_keys(config.rounds))
-    if any(p is None for p, h in zip(per_client, hosts) if h["diverged"] is None):  # resumed at the end
-        ev = jax.device_get(eval_fn(states, data, eval_keys(config.rounds)))
-        per_client = [R.take(ev, r) if p is None else p for r, p in enumerate(per_client)]
-    host_states = jax.device_get(states)
+        "%s: %d replicas, rounds %d..%d as one program (blocks of up to %d rounds), compiled in %.1f s",
+        config.algorithm, len(configs), start + 1, config.rounds, length, compile_seconds,
+    )  # fmt: skip
+    states, end, eps = run_loop(program, compiled, length, replicas, states, start)
+    finals = program.final(states, end)
     summaries = []
-    for r in range(count):
-        c, p, host, w = configs[r], preps[r], hosts[r], workdirs[r]
-        d = host["diverged"]
-        if d is not None:
-            summary = _summary(c, p, host, None, compile_seconds, t_start)
-            summary.update(
-                status=STATUS_DIVERGED,
-                diverged_round=d["round"],
-                diverged_train_loss=d["train_loss"],
-                divergence=divergence_message(c, d["round"], d["what"], w),
-                last_evaluation=rows[r][-1] if rows[r] else None,
-            )
-        else:
-            summary = _summary(c, p, host, per_client[r], compile_seconds, t_start)
-            report_prep = p._replace(algorithm=reps.algorithm(r))
-            summary.update(
-                _optional_reports(report_prep, R.take(host_states, r), per_client[r], R.take(final_keys, r))
-            )
-        summary["best_mean_10_accuracy"] = best_window_mean([row["mean_accuracy"] for row in rows[r]])
-        if c.dp.enabled:
-            rounds_run = summary.get("diverged_round", c.rounds + 1) - 1
-            summary.update(
-                dp_epsilon=privacy_epsilon(c, min(rounds_run, c.rounds)),
-                dp_delta=dp_delta(c),
-                dp_noise_multiplier=c.dp.noise_multiplier,
-                dp_clip_norm=c.dp.clip_norm,
-            )
-        summary["replicas"] = count
-        _plots(w, rows[r], summary, c)
-        write_json(os.path.join(w, "summary.json"), summary)
-        summaries.append(jsonable(summary))
-    assert STATUS_COMPLETED  # the default status of _summary
+    for rep, final in zip(replicas, finals):
+        summary = finish(rep, final, end, eps, compile_seconds, t_start, 1)
+        summary["replicas"] = len(configs)
+        summaries.append(write_summary(rep, summary))
     return summaries

@@ -11,6 +11,8 @@ take part per round, 2 local steps:
 - collaboration_matrix (rows sum to 1) and final_report, where present;
 - the jitted round traces once over 3 rounds;
 - the same seed gives the same state bit for bit;
+- a block of rounds compiled as one program (`pfljax.core.blocks`, the run loop's)
+  equals one jitted round at a time, state, metrics and evaluation bit for bit;
 - the data layouts and local loops give the same numbers: a ClientPool of uint8
   codes equals padded float arrays of the same values, and the "while" loop
   (each client only its own steps) equals the masked "scan", bit for bit under
@@ -22,11 +24,13 @@ import dataclasses
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 from pfljax import algorithms
+from pfljax.core.blocks import all_finite, make_block
 from pfljax.core.clients import python_loop_map
 from pfljax.core.local import LocalTraining
 from pfljax.models import build_model
@@ -109,6 +113,23 @@ def test_conformance(name):
         assert np.shape(scores[key]) == (NUM,), f"evaluate()[{key!r}] must have shape [C]"
     assert_finite(scores, "evaluate")
     chex.assert_trees_all_equal(scores, jax.jit(vmap_alg.evaluate)(states[-1], data, eval_key))
+
+    # The run loop's block: rounds 1-2 of a 3-round program (the third skipped), one
+    # evaluation after round 2, the same numbers as one round at a time.
+    def evaluate_at(s, d, k, r):
+        return vmap_alg.evaluate(s, d, jax.random.fold_in(k, r))
+
+    block = jax.jit(make_block(vmap_alg.round, evaluate_at, all_finite, length=3))
+    blocked, out = block(states[0], data, round_key(0), eval_key, jnp.array([0, 2, 2, 2], jnp.int32))
+    one = states[0]
+    for r in range(2):
+        one, metrics = vmap_round(one, data, round_key(0))
+        chex.assert_trees_all_equal(jax.tree.map(lambda x, r=r: x[r], out.metrics), metrics)
+    chex.assert_trees_all_equal(blocked, one)
+    want = jax.jit(vmap_alg.evaluate)(one, data, jax.random.fold_in(eval_key, 2))
+    chex.assert_trees_all_equal(jax.tree.map(lambda x: x[1], out.evaluation), want)
+    assert out.ran.tolist() == [True, True, False] and out.evaluated.tolist() == [False, True, False]
+    assert out.ok[:2].all()
 
     # Optional pieces: typed fields of Algorithm, exercised where present.
     if vmap_alg.collaboration_matrix is not None:

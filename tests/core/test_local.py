@@ -180,20 +180,20 @@ def test_step_batch_covers_each_epochs_real_rows_once_and_stops_after_the_epochs
     assert not bool(step_batch(spec, key, jnp.int32(0), jnp.int32(0), n_max)[2])  # empty client
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("steps,epochs", [(None, 2), (3, None)])
-def test_while_loop_equals_masked_scan(steps, epochs):
+def test_while_loop_equals_masked_scan(steps, epochs, drop_last):
     """Clients of 0, 1, 5 and 13 rows: the "while" loop (only each client's own steps)
     gives the masked scan's numbers, bit for bit one client at a time (lax.map) and to
-    float rounding when vmapped (where a batch runs its largest client's steps)."""
+    float rounding when vmapped (where a batch runs its largest client's steps); with
+    drop_last too (floor(n / 4) full batches per epoch: the 1-row client takes no step)."""
     model = build_model("mlp", (6,), 3, hidden=(8,))
     data = toy_arrays([0, 1, 5, 13])
     params = model.init(jax.random.key(1))
     keys = jax.random.split(jax.random.key(2), 4)
 
     def run(loop, mapper):
-        spec = LocalTraining(
-            optax.sgd(0.1, momentum=0.9), batch_size=4, steps=steps, epochs=epochs, loop=loop
-        )
+        spec = LocalTraining(optax.sgd(0.1, momentum=0.9), 4, steps, epochs, loop=loop, drop_last=drop_last)
         train = make_local_train(model.apply, spec)
         return jax.jit(
             lambda: mapper(lambda a: train(params, take(data, a[0]), a[1]), (jnp.arange(4), keys))
@@ -203,7 +203,40 @@ def test_while_loop_equals_masked_scan(steps, epochs):
     chex.assert_trees_all_equal(run("while", lambda f, xs: jax.lax.map(f, xs)), scan)
     chex.assert_trees_all_close(run("while", lambda f, xs: jax.vmap(f)(xs)), scan, rtol=1e-6, atol=1e-6)
     chex.assert_trees_all_equal(jax.tree.map(lambda a: a[0], scan.params), params)  # the empty client
-    want = [0, 2, 4, 8] if epochs else [0, 3, 3, 3]  # E * ceil(n / 4), or S
+    if drop_last:  # E * floor(n / 4), or S; none below 4 rows
+        want = [0, 0, 2, 6] if epochs else [0, 0, 3, 3]
+        chex.assert_trees_all_equal(jax.tree.map(lambda a: a[1], scan.params), params)
+    else:  # E * ceil(n / 4), or S
+        want = [0, 2, 4, 8] if epochs else [0, 3, 3, 3]
     np.testing.assert_array_equal(
-        own_steps(LocalTraining(optax.sgd(0.1), 4, steps, epochs), data.count), want
+        own_steps(LocalTraining(optax.sgd(0.1), 4, steps, epochs, drop_last=drop_last), data.count), want
     )
+
+
+def test_drop_last_epoch_is_the_full_batches_of_the_same_epoch_order():
+    """drop_last: an epoch of 13 rows at B=4 is 3 full batches (the 13th row sits out),
+    the first 3 batches of the order the default schedule would use: one drop_last
+    epoch equals 3 steps of the default schedule, bit for bit; every batch weighs 1."""
+    from pfljax.core.local import batches_per_epoch, step_batch
+
+    model = build_model("mlp", (6,), 3, hidden=(8,))
+    data, params, key = toy_arrays([13]), model.init(jax.random.key(1)), jax.random.key(7)
+    dropped = LocalTraining(optax.sgd(0.1, momentum=0.9), 4, epochs=1, drop_last=True)
+    three = LocalTraining(optax.sgd(0.1, momentum=0.9), 4, steps=3)
+    a = make_local_train(model.apply, dropped)(params, take(data, 0), key)
+    b = make_local_train(model.apply, three)(params, take(data, 0), key)
+    chex.assert_trees_all_equal(a, b)
+    assert int(batches_per_epoch(jnp.int32(13), 4, drop_last=True)) == 3
+    assert int(batches_per_epoch(jnp.int32(3), 4, drop_last=True)) == 0
+    assert num_scan_steps(dropped, 13) == 3 and num_scan_steps(dropped._replace(epochs=2), 15) == 6
+    spec = dropped._replace(epochs=2)
+    for epoch in range(2):
+        seen = []
+        for j in range(3):
+            rows, w, active = step_batch(spec, key, jnp.int32(3 * epoch + j), jnp.int32(13), 13)
+            assert bool(active) and w.tolist() == [1.0] * 4
+            seen += rows.tolist()
+        assert len(set(seen)) == 12 and max(seen) < 13  # 12 distinct real rows per epoch
+    assert not bool(step_batch(spec, key, jnp.int32(6), jnp.int32(13), 13)[2])  # past the 2 epochs
+    with pytest.raises(ValueError, match="drop_last must be True or False"):
+        LocalTraining(optax.sgd(0.1), drop_last="yes").validate()

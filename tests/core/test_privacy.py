@@ -123,3 +123,14 @@ def test_noise_for_epsilon_hits_the_target_from_below():
     assert noise_for_epsilon(math.inf, 20, 5, 20, delta) == 0.0
     with pytest.raises(ValueError, match="target"):
         noise_for_epsilon(0.0, 20, 5, 20, delta)
+
+
+def test_epsilons_of_every_round_equal_one_accountant_call_per_round():
+    from pfljax.core.privacy import epsilon, epsilons  # noqa: PLC0415
+
+    table = epsilons(1.1, 50, 10, 30, 1e-5)
+    assert table.shape == (31,) and table[0] == 0
+    for r in (1, 2, 17, 30):
+        assert table[r] == pytest.approx(epsilon(1.1, 50, 10, r, 1e-5), rel=1e-12)
+    assert np.all(np.diff(table) > 0)
+    assert np.all(np.isinf(epsilons(0.0, 50, 10, 3, 1e-5)[1:]))

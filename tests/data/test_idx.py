@@ -82,6 +82,21 @@ def test_load_fashion_mnist_from_any_directory(tmp_path, compress):
     np.testing.assert_allclose(s["x_test"], (d["x_test"] - mean) / std, rtol=1e-5, atol=1e-5)
 
 
+def test_symmetric_pixel_scale_maps_codes_to_minus_one_one(tmp_path):
+    """pixel_scale="symmetric": (x / 255 - 0.5) / 0.5 (PFLlib's ToTensor + Normalize(0.5,
+    0.5); tests/data/test_pfllib_exact.py checks it bit for bit against torchvision's)."""
+    arrays = make_tiny_fmnist(tmp_path)
+    d = idx.load_fashion_mnist(str(tmp_path), pixel_scale="symmetric")
+    np.testing.assert_allclose(d["x_train"][..., 0], arrays["train_images"] / 127.5 - 1.0, atol=1e-6)
+    c = idx.load_fashion_mnist(str(tmp_path), pixel_scale="symmetric", codes=True)
+    assert c["x_test"].dtype == np.uint8 and c["levels"][[0, 255]].tolist() == [-1.0, 1.0]
+    np.testing.assert_array_equal(c["levels"][c["x_test"]], d["x_test"])
+    with pytest.raises(ValueError, match="pixel_scale='half' is unknown"):
+        idx.load_fashion_mnist(str(tmp_path), pixel_scale="half")
+    with pytest.raises(ValueError, match="pixel_scale='symmetric' with standardize=True"):
+        idx.load_fashion_mnist(str(tmp_path), pixel_scale="symmetric", standardize=True)
+
+
 def test_missing_directory_or_files_raise_naming_data_dir(tmp_path):
     with pytest.raises(ValueError, match="data_dir.*not a directory"):
         idx.load_fashion_mnist(str(tmp_path / "nope"))

@@ -492,3 +492,51 @@ def test_pfllib_splits_of_fashion_mnist_are_pfllibs_files(name, sizes, digest):
     for p in parts:
         digest_of.update(np.asarray(p, np.int64).tobytes())
     assert digest_of.hexdigest()[:16] == digest
+
+
+def test_pfllib_train_test_split_is_sklearns_shuffled_split_on_the_global_stream():
+    """Hard-coded: what np.random.seed(3) then sklearn 1.9.1's train_test_split(arange(n),
+    train_size=0.75, shuffle=True) gave for n = 10, 7, 41 in turn, and the next draw
+    np.random.randint(1000) (the stream advanced as sklearn advances it)."""
+    rs = np.random.RandomState(3)
+    want = {
+        10: ([2, 9, 6, 7, 0, 3, 8], [5, 4, 1]),
+        7: ([3, 4, 0, 5, 2], [6, 1]),
+        41: (
+            [0, 6, 23, 12, 4, 27, 37, 29, 16, 15, 30, 11, 7, 24, 10, 32, 40, 8, 5, 36]
+            + [19, 1, 34, 2, 22, 38, 17, 26, 14, 39],
+            [13, 28, 21, 3, 31, 25, 18, 20, 33, 9, 35],
+        ),
+    }
+    for n, (train, test) in want.items():
+        got = part.pfllib_train_test_split(n, 0.75, rs)
+        assert [g.tolist() for g in got] == [train, test]  # floor(0.75 n) train, in sklearn's order
+    assert rs.randint(1000) == 686
+    assert [len(p) for p in part.pfllib_train_test_split(40, 1 - 0.25, 0)] == [30, 10]
+    with pytest.raises(ValueError, match="leaves no training sample"):
+        part.pfllib_train_test_split(1, 0.75, 0)
+
+
+def test_builder_test_split_pfllib_continues_the_partitions_stream(monkeypatch):
+    """test_split="pfllib": after pfllib_dirichlet's draws from RandomState(seed), one
+    permutation per client, in client order, from the same stream (PFLlib's)."""
+
+    def pooled(*, data_dir=None, seed=0):
+        y = fmnist_like_labels(3)[:4000].astype(np.int32)
+        x = np.arange(4000, dtype=np.float32)[:, None]  # x: the merged index
+        return Pooled(x[:3000], y[:3000], x[3000:], y[3000:], NUM_CLASSES)
+
+    monkeypatch.setitem(sources.SOURCES, "pfl_index", sources.SourceSpec(pooled, False, None))
+    args = dict(partition="pfllib_dirichlet", dirichlet_alpha=1.0, test_fraction=0.25, seed=1)
+    fd = build_federated_data("pfl_index", 20, test_split="pfllib", **args)
+    rs = np.random.RandomState(1)
+    y_all = np.concatenate([pooled()[1], pooled()[3]])
+    members = part.pfllib_dirichlet(y_all, 20, rs, alpha=1.0)
+    for c, m in enumerate(members):
+        train_pos, test_pos = part.pfllib_train_test_split(len(m), 0.75, rs)
+        for pool, pos in ((fd.data.train, train_pos), (fd.data.test, test_pos)):
+            x, o, n = np.asarray(pool.x[:, 0]), int(pool.offset[c]), int(pool.count[c])
+            np.testing.assert_array_equal(x[o : o + n], m[pos])  # PFLlib's row order
+    assert fd.summary["test_split"] == "pfllib"
+    with pytest.raises(ValueError, match="test_split='random' is unknown"):
+        build_federated_data("pfl_index", 20, test_split="random", **args)

@@ -68,3 +68,31 @@ def test_tfds_fashion_mnist_prepared_offline_matches_idx(tmp_path):
     again = load_source("tfds:fashion_mnist", data_dir=data_dir, splits=("test",))
     assert again.x_train.shape == (10000, 28, 28, 1)
     np.testing.assert_array_equal(again.y_train, src.y_test)
+
+
+@pytest.mark.parametrize("standardize", [False, True])
+def test_pixel_values_codes_and_floats_agree(standardize):
+    """load_tfds's pixel step without TFDS: levels[codes] equal the float images, bit for bit."""
+    from pfljax.data.tfds_source import _pixel_values
+
+    rng = np.random.default_rng(0)
+    raw = {
+        "x_train": rng.integers(0, 256, (6, 2, 2, 1), np.uint8),
+        "x_test": rng.integers(0, 256, (3, 2, 2, 1), np.uint8),
+    }
+    codes, floats, wide = dict(raw), dict(raw), {k: v.astype(np.int32) for k, v in raw.items()}
+    levels = _pixel_values(codes, ("train", "test"), standardize=standardize, codes=True)
+    assert _pixel_values(floats, ("train", "test"), standardize=standardize, codes=False) is None
+    assert _pixel_values(wide, ("train", "test"), standardize=standardize, codes=True) is None  # not uint8
+    assert codes["x_train"] is raw["x_train"] and levels.dtype == np.float32 and levels.shape == (256,)
+    first = raw["x_train"].astype(np.float32) / 255.0
+    for s in ("train", "test"):
+        want = raw[f"x_{s}"].astype(np.float32) / 255.0
+        if standardize:
+            want = (want - first.mean()) / first.std()
+        np.testing.assert_allclose(floats[f"x_{s}"], want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(levels[codes[f"x_{s}"]], floats[f"x_{s}"])
+        assert floats[f"x_{s}"].dtype == wide[f"x_{s}"].dtype == np.float32
+        np.testing.assert_allclose(
+            wide[f"x_{s}"], want * (1.0 if standardize else 255.0), rtol=1e-5, atol=1e-4
+        )

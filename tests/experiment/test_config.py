@@ -1,6 +1,7 @@
 """Every build option is a config field or refused; renamed options name their new name."""
 
 import inspect
+import re
 import types
 
 import pytest
@@ -151,3 +152,34 @@ def test_pfllib_fmnist_config_is_pfllibs_setting_and_bad_values_name_the_field()
     message = str(e.value)
     assert "\n" not in message and message.startswith("config.partition must be one of")
     assert "'pfllib_dirichlet'" in message and "'pfllib_pathological'" in message
+
+
+def test_pfllib_mode_fields_reach_the_data_and_local_training_and_bad_values_name_the_field():
+    """test_split, source.pixel_scale and drop_last: defaults keep the earlier behaviour,
+    pfllib_fmnist sets PFLlib's; make_local / make_data pass them on; bad values are refused."""
+    from pfljax.experiment.configs import pfllib_fmnist  # pylint: disable=import-outside-toplevel
+
+    base = C.base_config()
+    assert (base.test_split, base.source.pixel_scale, base.drop_last) == ("stratified", None, False)
+    config = pfllib_fmnist.get_config("pat")
+    assert (config.test_split, config.source.pixel_scale, config.drop_last) == ("pfllib", "symmetric", True)
+    assert C.make_local(config).drop_last and not C.make_local(base).drop_last
+    for field in ("test_split", "drop_last"):
+        assert field in C.FIELD_HELP
+    bad = (("test_split", "sklearn", "config.test_split must be one of ('stratified', 'pfllib')"),)
+    bad += (("drop_last", None, "config.drop_last must be True or False, got None"),)
+    for field, value, message in bad:
+        wrong = pfllib_fmnist.get_config("dir")
+        with wrong.ignore_type():
+            wrong[field] = value
+        with pytest.raises(C.ConfigError, match=re.escape(message)):
+            C.validate(wrong)
+    wrong = pfllib_fmnist.get_config("dir")
+    wrong.source.pixel_scale = "half"
+    with pytest.raises(C.ConfigError, match=re.escape("config.source.pixel_scale must be one of ('unit',")):
+        C.validate(wrong)
+    wrong.dataset, wrong.source.pixel_scale = "simulation", "symmetric"
+    with pytest.raises(
+        C.ConfigError, match="config.source.pixel_scale='symmetric' is not an option of dataset"
+    ):
+        C.validate(wrong)

@@ -36,6 +36,12 @@ def test_resume_after_kill_equals_uninterrupted_and_runs_reproduce(tmp_path):
     assert numbers(train_and_evaluate(tiny_config(base_config(), rounds=4, clients_per_round=4), again)) == (
         numbers(reference)
     )
+    # One block of 4 rounds on device (no checkpoint before the end) == a dispatch per round.
+    blocked = str(tmp_path / "blocked")
+    one_block = train_and_evaluate(
+        tiny_config(base_config(), rounds=4, clients_per_round=4, checkpoint_every=0), blocked
+    )
+    assert numbers(one_block) == numbers(reference) and rows(blocked) == rows(full)
     # A run killed after logging round 3 but before its checkpoint: checkpoints
     # at round 2 only, metrics.jsonl holds rounds 1-3.
     cfg = tiny_config(base_config(), rounds=3, clients_per_round=4, checkpoint_every=2)
@@ -145,6 +151,8 @@ def test_a_diverging_run_stops_at_that_round_and_keeps_its_outputs(tmp_path):
     assert message.startswith(f"fedavg diverged at round {r} of 8 (")
     for knob in ("optimizer=sgd", "learning_rate=10000", "momentum=0.9", "fedavg.server_lr=1.0"):
         assert knob in message, knob
+    advice = message.split("; try ")[1].split(";")[0]  # smaller values, never the diverged ones
+    assert advice == "--config.learning_rate=1e+03 or --config.fedavg.server_lr=0.1 or --config.momentum=0"
     written = read_json(os.path.join(workdir, "summary.json"))
     assert written["status"] == "diverged" and written["diverged_round"] == r
     logged = JsonlLog(os.path.join(workdir, "metrics.jsonl")).rows()
@@ -161,6 +169,17 @@ def test_a_diverging_run_stops_at_that_round_and_keeps_its_outputs(tmp_path):
     assert [row["round"] for row in JsonlLog(os.path.join(workdir, "metrics.jsonl")).rows()] == list(
         range(1, r)
     )
+
+
+def test_an_exploding_but_finite_loss_is_a_divergence():
+    from pfljax.experiment.loop import EXPLODING_LOSS, non_finite  # noqa: PLC0415
+
+    assert non_finite(2.0 * EXPLODING_LOSS, True, None, first_loss=1.0).startswith(
+        "train loss 2e+06 > 1e+06 x"
+    )
+    assert non_finite(0.5 * EXPLODING_LOSS, True, None, first_loss=1.0) == ""
+    assert non_finite(1e30, True, None, first_loss=None) == ""  # no first round yet
+    assert non_finite(float("nan"), False, None, first_loss=1.0) == "train loss nan, non-finite parameters"
 
 
 def test_client_level_dp_reports_epsilon_and_stops_at_the_budget(tmp_path):

@@ -23,7 +23,15 @@ system/flcore/servers/serverbase.py and serveravg.py, system/flcore/clients/clie
   randint(max(m / 10, 40 / 10), m), m = n_k / 4, the last client the rest
   (pfljax.data.partition.pfllib_dirichlet / pfllib_pathological: the same draws from
   RandomState(data_seed=1), so the same client index sets as PFLlib's files);
-  then each client's samples split 75/25 into train/test;
+  then each client's samples, in client order, split by sklearn's
+  train_test_split(train_size=0.75, shuffle=True) on the same global stream:
+  floor(0.75 n) train, the rest test, one RandomState.permutation(n) per client
+  (test_split="pfllib", partition.pfllib_train_test_split: the same draws, so the
+  same train and test sets, in PFLlib's row order);
+- pixels: ToTensor + Normalize([0.5], [0.5]), i.e. (x / 255 - 0.5) / 0.5 in [-1, 1],
+  float32 (source.pixel_scale="symmetric", idx.pixel_levels: the same floats);
+- batches: the train DataLoader shuffles and drops the last incomplete batch
+  (drop_last=True): floor(n / 10) steps per epoch (config.drop_last=True);
 - model: FedAvgCNN(in_features=1, num_classes=10, dim=1024): 5x5 conv 32 (no
   padding) + ReLU + 2x2 max-pool, 5x5 conv 64 (no padding) + ReLU + 2x2 max-pool,
   dense 1024 -> 512 + ReLU, dense 512 -> 10; 582,026 parameters. Here the library CNN
@@ -40,18 +48,13 @@ system/flcore/servers/serverbase.py and serveravg.py, system/flcore/clients/clie
   so here the partition is fixed (data_seed=1) and `seed` varies initialisation and
   batch order.
 
+The data are PFLlib's exactly: tests/data/test_pfllib_exact.py checks every client's
+train and test index sets (and its images, bit for bit, in file order) against a
+fixture that PFLlib's own generator produced (tests/data/fixtures/, its README says how).
+
 Where pfljax differs, and why:
-- normalisation: PFLlib maps pixels to [-1, 1] (ToTensor + Normalize(0.5, 0.5)); the
-  pfljax Fashion-MNIST source gives [0, 1] (or a train-set standardisation,
-  source.standardize) and has no [-1, 1] option: not added, to keep the source as it
-  is (an input scale of 1/2 and shift, which an SGD run at lr 0.005 may feel);
-- train/test split per client: PFLlib's is sklearn's train_test_split(train_size=0.75,
-  shuffle=True) from numpy's global stream, floor(0.75 n) train and the rest test,
-  not stratified; pfljax's is stratified by label with round(0.25 n) test samples
-  (partition.stratified_split) and drawn from default_rng(data_seed): per client the
-  sizes differ by at most one sample and the samples themselves differ;
-- batches: PFLlib's train loader drops the last incomplete batch (drop_last=True),
-  pfljax's local epoch ends with it (ceil(n / 10) steps, the last one smaller);
+- batch order: each epoch's shuffle comes from a jax PRNG (seed), not torch's
+  RandomSampler; the same batches per epoch (floor(n / 10), full), other samples in them;
 - initialisation: flax's (LeCun-normal kernels, zero biases), not torch's default
   (Kaiming-uniform with a=sqrt(5), uniform biases), and a jax PRNG instead of torch's;
 - evaluation time: PFLlib evaluates the models sent to clients at the start of
@@ -92,12 +95,15 @@ def get_config(arg: str = "dir") -> ml_collections.ConfigDict:
         config.classes_per_client = 2
     config.samples_per_client = 0  # all 70000 samples
     config.test_fraction = 0.25
+    config.test_split = "pfllib"  # sklearn's train_test_split(train_size=0.75) on PFLlib's stream
+    config.source.pixel_scale = "symmetric"  # [-1, 1]: ToTensor + Normalize(0.5, 0.5)
     config.num_clients = 20
     config.clients_per_round = 0  # join ratio 1
     config.rounds = 2000
     config.local_steps = 0
     config.local_epochs = 1
     config.batch_size = 10
+    config.drop_last = True  # PFLlib's train DataLoader(drop_last=True)
     config.optimizer = "sgd"
     config.learning_rate = 0.005
     config.momentum = 0.0
