@@ -8,26 +8,36 @@ A module may declare two constants, read only here: `MODEL_VARIANTS: dict[str, s
 the model names it accepts, each mapped to the model it trains (FedBN: "cnn" ->
 "cnn_bn"; without it any model is used as given), and `RENAMED_OPTIONS: dict[str,
 str]`, old option names -> new ones (refused with a message naming the new one).
+Every numeric option of `build` has a domain (`pfljax.core.domains.Domain`), declared
+next to the options as `DOMAINS` and given to `@checked(DOMAINS)` on `build`;
+`domains(name)` reads them (the experiment config checks its values against them).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
 from types import ModuleType
 
+from pfljax.core.domains import domains_of
+
+
+@functools.cache
+def _names() -> tuple[str, ...]:
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
+
 
 def available() -> list[str]:
     """Names of all algorithm modules."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return list(_names())
 
 
 def get(name: str) -> ModuleType:
     """The algorithm module `name`; ValueError listing the allowed names otherwise."""
-    names = available()
-    if name not in names:
-        raise ValueError(f"algorithm must be one of {names}, got {name!r}")
+    if name not in _names():
+        raise ValueError(f"algorithm must be one of {available()}, got {name!r}")
     return importlib.import_module(f"{__name__}.{name}")
 
 
@@ -39,6 +49,11 @@ def model_variant(name: str, model: str) -> str:
     if model not in variants:
         raise ValueError(f"model must be one of {sorted(variants)} for {name}, got {model!r}")
     return variants[model]
+
+
+def domains(name: str) -> dict:
+    """{option: Domain} of the numeric options of `<name>.build`."""
+    return domains_of(get(name).build)
 
 
 def renamed_option(name: str, option: str) -> str | None:

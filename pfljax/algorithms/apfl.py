@@ -35,6 +35,7 @@ import optax
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
+from pfljax.core.domains import Domain, checked, known_zero
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, own_steps, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
@@ -99,7 +100,7 @@ def local_step(hp: APFLHyper, data: ClientArrays, key, carry, s):
     new = (
         {**w, **w_upd, "params": optax.apply_updates(w["params"], w_step)},
         {**v, **v_upd, "params": optax.apply_updates(v["params"], v_step)},
-        jnp.clip(alpha - hp.alpha_lr * ga, 0.0, 1.0) if hp.alpha_lr else alpha,
+        alpha if known_zero(hp.alpha_lr) else jnp.clip(alpha - hp.alpha_lr * ga, 0.0, 1.0),
         w_opt_new,
         v_opt_new,
     )
@@ -158,6 +159,13 @@ def evaluate(hp: APFLHyper, client_map, state: APFLState, data: ClientData, key)
     return evaluate_clients(apply, mixture, data.test, client_map, hp.local.loss)
 
 
+DOMAINS = {
+    "alpha": Domain(0, 1),
+    "alpha_lr": Domain(0, note="0: alpha fixed"),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -180,10 +188,6 @@ def build(
       weighting: "uniform" (paper and code) or "samples".
       Others: as fedavg.build; `local` sets the optimizer, batch size and steps.
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if alpha_lr < 0:
-        raise ValueError(f"alpha_lr must be >= 0, got {alpha_lr}")
     if mix not in MIXES:
         raise ValueError(f"mix must be one of {MIXES}, got {mix!r}")
     check_weighting(weighting)

@@ -45,6 +45,7 @@ import numpy as np
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
+from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.round import Participants, check_weighting, client_step, federated_round
@@ -246,6 +247,17 @@ def final_report(state: CFLState, fed_data=None, per_client=None, key=None) -> d
     return {"num_clusters": int(jax.device_get(state.num_clusters)), "client_cluster": clusters}
 
 
+DOMAINS = {
+    "eps1": Domain(0),
+    "eps2": Domain(0),
+    "gamma_max": Domain(0, note="0: split whenever the groups are not aligned"),
+    "max_clusters": Domain(1, integer=True),
+    "min_split_size": Domain(2, integer=True),
+    "warmup_rounds": Domain(0, integer=True),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -282,12 +294,6 @@ def build(
     if linkage not in LINKAGES:
         raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")
     check_weighting(weighting)
-    if max_clusters < 1:
-        raise ValueError(f"max_clusters must be >= 1, got {max_clusters}")
-    if min_split_size < 2:
-        raise ValueError(f"min_split_size must be >= 2, got {min_split_size}")
-    if eps1 < 0 or eps2 < 0 or gamma_max < 0:
-        raise ValueError(f"eps1, eps2 and gamma_max must be >= 0, got {eps1}, {eps2}, {gamma_max}")
     cmap = as_client_map(client_map)
     train = make_local_train(model.apply, local)
     hp = CFLHyper(train, eps1, eps2, gamma_max, max_clusters, min_split_size, warmup_rounds, linkage)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
+from pfljax.core.domains import SERVER_LR, Domain, checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.privacy import ClientDP
@@ -95,6 +96,15 @@ def evaluate(model: Model, client_map, loss, state: DittoState, data: ClientData
     return evaluate_clients(model.apply, personal, data.test, client_map, loss)
 
 
+DOMAINS = {
+    "lam": Domain(0, note="0: Local training of v"),
+    "personal_epochs": Domain(0, integer=True, note="0: as local"),
+    "personal_steps": Domain(0, integer=True, note="0: use personal_epochs"),
+    "server_lr": SERVER_LR,
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -117,10 +127,6 @@ def build(
       Others: as fedavg.build; `local` sets the global training (and the optimizer
         and batch size of both).
     """
-    options = {"lam": lam, "personal_epochs": personal_epochs, "personal_steps": personal_steps}
-    for name, value in options.items():
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
     check_weighting(weighting)
     local = local.validate()
     cmap = as_client_map(client_map)

@@ -81,6 +81,7 @@ import numpy as np
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
+from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.layers import param_order
 from pfljax.core.local import LocalTraining, make_local_train
@@ -480,17 +481,8 @@ def final_report(state: FactorizedFLState, fed_data, per_client=None, key=None) 
     return group_ratio(np.asarray(collaboration_matrix(state)), np.asarray(groups))
 
 
-def check_options(
-    variant: str,
-    sparsity: str,
-    other_leaves: str,
-    epsilon,
-    min_keep,
-    lambda_sparse,
-    matching="similarity",
-    use_mu=True,
-) -> None:
-    """ValueError naming the first invalid option of `build`."""
+def check_options(variant: str, sparsity: str, other_leaves: str, matching="similarity", use_mu=True) -> None:
+    """ValueError naming the first invalid choice of `build` (numbers: `DOMAINS`)."""
     for name, value, allowed in (
         ("variant", variant, VARIANTS),
         ("sparsity", sparsity, SPARSITY),
@@ -501,12 +493,15 @@ def check_options(
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     if not isinstance(use_mu, (bool, np.bool_)):
         raise ValueError(f"use_mu must be True or False, got {use_mu!r}")
-    if epsilon < 0:
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    if min_keep < 1:
-        raise ValueError(f"min_keep must be >= 1, got {min_keep}")
-    if lambda_sparse < 0:
-        raise ValueError(f"lambda_sparse must be >= 0, got {lambda_sparse}")
+
+
+def make_train(model: Model, local: LocalTraining, sparsity: str, lambda_sparse, use_mu: bool) -> Callable:
+    """The local trainer: with the L1 penalty on mu in the loss (sparsity "subgradient"),
+    or without mu (use_mu False: mu held at zero)."""
+    use_l1 = sparsity == "subgradient" and use_mu
+    regularizer = (lambda p: sparse_penalty(p, lambda_sparse)) if use_l1 else None
+    apply_fn = model.apply if use_mu else without_mu(model.apply)
+    return make_local_train(apply_fn, local, regularizer=regularizer)
 
 
 def resolve_match_layer(model: Model, match_layer: str) -> str:
@@ -525,6 +520,15 @@ def resolve_match_layer(model: Model, match_layer: str) -> str:
     return match_layer
 
 
+DOMAINS = {
+    "tau": Domain(note="a cosine-similarity threshold; above 1: only the min_keep most similar"),
+    "epsilon": Domain(0),
+    "min_keep": Domain(1, integer=True),
+    "lambda_sparse": Domain(0),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -572,14 +576,10 @@ def build(
       Algorithm; round metrics: the standard ones (bytes_up: u of the mixed layers
       + v of the match layer; bytes_down: the mixed leaves) and `server_update`'s.
     """
-    check_options(variant, sparsity, other_leaves, epsilon, min_keep, lambda_sparse, matching, use_mu)
+    check_options(variant, sparsity, other_leaves, matching, use_mu)
     match_layer = resolve_match_layer(model, match_layer)
     cmap = as_client_map(client_map)
-    use_l1 = sparsity == "subgradient" and use_mu
-    regularizer = (lambda p: sparse_penalty(p, lambda_sparse)) if use_l1 else None
-    train = make_local_train(
-        model.apply if use_mu else without_mu(model.apply), local, regularizer=regularizer
-    )
+    train = make_train(model, local, sparsity, lambda_sparse, use_mu)
     template = model.template()
     is_mixed, uploaded = leaf_roles(
         template,

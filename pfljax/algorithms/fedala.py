@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, client_key, take
+from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.layers import last_layers
 from pfljax.core.local import LocalTraining, batch_rows, make_local_train, shuffled_rows
@@ -78,20 +79,6 @@ class FedALAHyper(NamedTuple):
     ala: ALASpec
     all_clients: bool
     model_bytes: float
-
-
-def ala_spec(eta, rand_percent, threshold, num_pre_loss, max_start_epochs, batch_size) -> ALASpec:
-    """ALA's options, validated (ValueError naming the bad one)."""
-    if eta < 0 or threshold < 0 or not 0 < rand_percent <= 100:
-        raise ValueError(
-            f"eta and threshold must be >= 0 and rand_percent in (0, 100], got eta={eta}, "
-            f"threshold={threshold}, rand_percent={rand_percent}"
-        )
-    if num_pre_loss < 1 or max_start_epochs < 1:
-        raise ValueError(
-            f"num_pre_loss and max_start_epochs must be >= 1, got {num_pre_loss}, {max_start_epochs}"
-        )
-    return ALASpec(eta, rand_percent, threshold, num_pre_loss, max_start_epochs, batch_size)
 
 
 def make_top_grad(apply_fn, loss):
@@ -226,6 +213,17 @@ def evaluate(
     return evaluate_clients(model.apply, variables_of, data.test, client_map, loss)
 
 
+DOMAINS = {
+    "eta": Domain(0),
+    "rand_percent": Domain(0, 100, low_open=True, integer=True),
+    "layer_idx": Domain(0, integer=True, note="0: all layers"),
+    "threshold": Domain(0),
+    "num_pre_loss": Domain(1, integer=True),
+    "max_start_epochs": Domain(1, integer=True),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -257,8 +255,6 @@ def build(
       evaluate_ala: evaluate the ALA start models (code) instead of the trained ones.
       Others: as fedavg.build; `local` also sets ALA's batch size and loss.
     """
-    if layer_idx < 0:
-        raise ValueError(f"layer_idx must be >= 0 (0: all layers), got {layer_idx}")
     check_weighting(weighting)
     local = local.validate()
     cmap = as_client_map(client_map)
@@ -266,7 +262,7 @@ def build(
     patterns = (".",) if layer_idx == 0 else last_layers(model, layer_idx, argument="layer_idx")
     top = P.match_paths(template, patterns)
     is_top = {k: jax.tree.map(lambda t, p=(k == "params"): t and p, v) for k, v in top.items()}
-    spec = ala_spec(eta, rand_percent, threshold, num_pre_loss, max_start_epochs, local.batch_size)
+    spec = ALASpec(eta, rand_percent, threshold, num_pre_loss, max_start_epochs, local.batch_size)
     model_bytes = P.tree_bytes(template)
     hp = FedALAHyper(
         make_local_train(model.apply, local),

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
+from pfljax.core.domains import SERVER_LR, Domain, checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.layers import first_layers, last_layers
 from pfljax.core.local import LocalTraining, make_local_train
@@ -90,6 +91,10 @@ def evaluate(model: Model, client_map, loss, state: FedAvgState, data: ClientDat
     return evaluate_clients(model.apply, lambda c: personalized(state, c), data.test, client_map, loss)
 
 
+DOMAINS = {"server_lr": SERVER_LR, "prox_mu": Domain(0, note="0: FedAvg")}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -115,8 +120,6 @@ def build(
       client_map: client-axis mapping strategy (see pfljax.core.clients).
       privacy: client-level DP of the shared leaves' average (pfljax.core.privacy).
     """
-    if prox_mu < 0:
-        raise ValueError(f"prox_mu must be >= 0, got {prox_mu}")
     check_weighting(weighting)
     cmap = as_client_map(client_map)
     template = model.template()
@@ -140,12 +143,16 @@ def build(
     )
 
 
+LOCAL_LAYERS = Domain(1, integer=True, note="fewer than the model's layers")
+
+
 def layers_local_builder(name: str, which: str, renamed: dict | None = None) -> Callable[..., Algorithm]:
     """The `build` of a method that is FedAvg with the `which` ("first" or "last")
     `local_layers` layers of the model local: LG-FedAvg and FedPer. `renamed`
     maps old option names to new ones (refused with a message naming the new one)."""
     select = {"first": first_layers, "last": last_layers}[which]
 
+    @checked({"local_layers": LOCAL_LAYERS, "server_lr": SERVER_LR})
     def build_layers_local(
         model: Model,
         local: LocalTraining,

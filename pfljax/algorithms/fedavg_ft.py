@@ -17,6 +17,7 @@ import optax
 
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import ClientMap, as_client_map, take
+from pfljax.core.domains import SERVER_LR, Domain, checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.privacy import ClientDP
@@ -47,6 +48,17 @@ def evaluate(
     return evaluate_clients(model.apply, tuned, data.test, client_map, loss)
 
 
+DOMAINS = {
+    "finetune_epochs": Domain(1, integer=True),
+    "finetune_steps": Domain(0, integer=True, note="0: use finetune_epochs"),
+    "finetune_batch_size": Domain(0, integer=True, note="0: local's"),
+    "finetune_lr": Domain(0, note="0: the local optimizer"),
+    "server_lr": SERVER_LR,
+    "prox_mu": fedavg.DOMAINS["prox_mu"],
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -71,14 +83,6 @@ def build(
       finetune_lr: fine-tune with plain SGD of this rate (0: `local.optimizer`).
       Others: as fedavg.build. The loss is `local.loss`.
     """
-    for name, value, low in [
-        ("finetune_epochs", finetune_epochs, 1),
-        ("finetune_steps", finetune_steps, 0),
-        ("finetune_batch_size", finetune_batch_size, 0),
-        ("finetune_lr", finetune_lr, 0),
-    ]:
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
     base = fedavg.build(
         model,
         local,

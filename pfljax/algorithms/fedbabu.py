@@ -25,6 +25,7 @@ from pfljax.algorithms import fedavg, fedavg_ft
 from pfljax.algorithms.fedrep import frozen
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map
+from pfljax.core.domains import SERVER_LR, checked
 from pfljax.core.layers import last_layers
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.privacy import ClientDP
@@ -43,6 +44,14 @@ def client_update(hp: fedavg.FedAvgHyper, state: fedavg.FedAvgState, cid, own, d
     return (body, {}), res.loss
 
 
+DOMAINS = {
+    "head_layers": fedavg.LOCAL_LAYERS,
+    "finetune_epochs": fedavg_ft.DOMAINS["finetune_epochs"],
+    "server_lr": SERVER_LR,
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -62,8 +71,6 @@ def build(
       finetune_epochs: epochs of whole-model fine-tuning before each evaluation (>= 1).
       Others: as fedavg.build.
     """
-    if finetune_epochs < 1:
-        raise ValueError(f"finetune_epochs must be >= 1, got {finetune_epochs}")
     check_weighting(weighting)
     local = local.validate()
     cmap = as_client_map(client_map)

@@ -18,6 +18,7 @@ import jax
 from pfljax.algorithms import fedavg
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap
+from pfljax.core.domains import SERVER_LR, checked
 from pfljax.core.local import LocalTraining
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
@@ -47,6 +48,10 @@ def bn_leaves(model: Model) -> tuple[str, ...]:
     return ("^batch_stats/",) + tuple(rf"^params/{re.escape(m)}/" for m in modules)
 
 
+DOMAINS = {"server_lr": SERVER_LR}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,

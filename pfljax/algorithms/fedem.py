@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from pfljax.core import mixture
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, stack, take
+from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import predict_rows, scores_from_outputs
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.losses import Loss, get_loss
@@ -188,6 +189,10 @@ def evaluate(hp: FedEMHyper, state: FedEMState, data: ClientData, key):
     return hp.client_map(one, jnp.arange(data.test.count.shape[0]))
 
 
+DOMAINS = {"num_components": Domain(1, integer=True)}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -207,8 +212,6 @@ def build(
         inside each, over its M components.
       num_components: M >= 1.
     """
-    if num_components < 1:
-        raise ValueError(f"num_components must be >= 1, got {num_components}")
     cmap = as_client_map(client_map)
     loss = get_loss(local.loss)
     train = make_local_train(model.apply, local._replace(loss=sample_weighted(loss)))

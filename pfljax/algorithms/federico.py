@@ -83,6 +83,7 @@ import optax
 from pfljax.core import mixture
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, gather, take
+from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import client_sums, means, score_sums
 from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
 from pfljax.core.losses import Loss, get_loss, masked_mean
@@ -501,13 +502,7 @@ def make_hyper(
     model: Model, local: LocalTraining, client_map, neighbours, epsilon, beta, loss_scale, accumulate,
     estep_data, initial_loss, shared_init, mixture_size, m_step,
 ) -> FedericoHyper:  # fmt: skip
-    """`build`'s options, checked (ValueError naming the bad one), as a FedericoHyper."""
-    if isinstance(neighbours, bool) or int(neighbours) != neighbours or neighbours < 0:
-        raise ValueError(f"neighbours must be an integer >= 0, got {neighbours!r}")
-    if not 0.0 <= epsilon <= 1.0:
-        raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta!r}")
+    """`build`'s options, their choices checked (ValueError naming the bad one), as a FedericoHyper."""
     for name, value, allowed in (
         ("loss_scale", loss_scale, LOSS_SCALES),
         ("accumulate", accumulate, ACCUMULATE),
@@ -517,8 +512,6 @@ def make_hyper(
     ):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if isinstance(mixture_size, bool) or int(mixture_size) != mixture_size or mixture_size < 0:
-        raise ValueError(f"mixture_size must be an integer >= 0 (0: all models), got {mixture_size!r}")
     local = local.validate()
     template = model.template()
     return FedericoHyper(
@@ -528,6 +521,15 @@ def make_hyper(
     )  # fmt: skip
 
 
+DOMAINS = {
+    "neighbours": Domain(0, integer=True, note="at most num_clients - 1"),
+    "epsilon": Domain(0, 1),
+    "beta": Domain(0, 1),
+    "mixture_size": Domain(0, integer=True, note="0: all models"),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,

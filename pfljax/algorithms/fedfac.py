@@ -78,15 +78,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pfljax.core import aggregate
+from pfljax.core import aggregate, factor
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, client_key, take
+from pfljax.core.domains import SERVER_LR, Domain, checked
 from pfljax.core.evaluate import evaluate_client, evaluate_clients, predict_rows, scores_from_outputs
 from pfljax.core.factor import (
     SOLVERS,
     STARTS,
     FactorSplit,
-    check_split_args,
     factor_split,
     split_by_rank,
     unit_observations,
@@ -198,31 +198,12 @@ def resolve_layers(model: Model, layers: Sequence[int | str]) -> tuple[_Layer, .
     return tuple(out)
 
 
-def check_options(
-    *,
-    kappa,
-    tau_quantile,
-    method,
-    mode,
-    split_input,
-    split,
-    mask,
-    new_client_fraction,
-    new_client_epochs,
-    max_iter,
-    tol,
-    ipf_start,
-    ipf_solver,
-    **_,
-) -> None:
-    """ValueError naming the first option out of range."""
-    for name, value, allowed in (("ipf_start", ipf_start, STARTS), ("ipf_solver", ipf_solver, SOLVERS)):
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    check_split_args(
-        kappa, tau_quantile, method, start=ipf_start, solver=ipf_solver, max_iter=max_iter, tol=tol
-    )
+def check_options(*, method, mode, split_input, split, mask, ipf_start, ipf_solver, **_) -> None:
+    """ValueError naming the first option that is none of its choices (numbers: `DOMAINS`)."""
     for name, value, allowed in (
+        ("method", method, factor.METHODS),
+        ("ipf_start", ipf_start, STARTS),
+        ("ipf_solver", ipf_solver, SOLVERS),
         ("mode", mode, MODES),
         ("split_input", split_input, SPLIT_INPUTS),
         ("split", split, SPLITS),
@@ -230,10 +211,6 @@ def check_options(
     ):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if not 0.0 <= new_client_fraction < 1.0:
-        raise ValueError(f"new_client_fraction must be in [0, 1), got {new_client_fraction!r}")
-    if new_client_epochs < 1:
-        raise ValueError(f"new_client_epochs must be >= 1, got {new_client_epochs!r}")
 
 
 def hyper(model: Model, local: LocalTraining, client_map, layers, **options) -> FedFacHyper:
@@ -557,6 +534,16 @@ def final_report(state: FedFacState, fed_data, per_client: dict | None = None, k
     return report
 
 
+DOMAINS = {
+    **factor.DOMAINS,
+    "server_lr": SERVER_LR,
+    "new_client_fraction": Domain(0, 1, high_open=True),
+    "new_client_epochs": Domain(1, integer=True),
+    "layers": Domain(integer=True, note="indices into unit_layers(model), or layer names"),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, gather, take
+from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import evaluate_client, evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train, shuffled_rows
 from pfljax.core.round import Participants, client_step, federated_round
@@ -227,6 +228,15 @@ def collaboration_matrix(state: FedFomoState) -> jax.Array:
     return jnp.where(rounds > 0, state.client_mixing / jnp.maximum(rounds, 1.0), eye)
 
 
+DOMAINS = {
+    "num_models": Domain(1, integer=True),
+    "epsilon": Domain(0, 1),
+    "epsilon_decay": Domain(0),
+    "val_fraction": Domain(0, 1, low_open=True, high_open=True),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -255,14 +265,6 @@ def build(
     """
     if distance not in DISTANCES:
         raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
-    if num_models < 1:
-        raise ValueError(f"num_models must be >= 1, got {num_models}")
-    if not 0.0 <= epsilon <= 1.0:
-        raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
-    if epsilon_decay < 0:
-        raise ValueError(f"epsilon_decay must be >= 0, got {epsilon_decay}")
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     cmap = as_client_map(client_map)
     train = make_local_train(model.apply, local)
     model_bytes = P.tree_bytes(model.template())

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import ClientMap
+from pfljax.core.domains import SERVER_LR, Domain, checked
 from pfljax.core.local import LocalTraining
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
 from pfljax.models.base import Model
 
+DOMAINS = {"mu": Domain(0, low_open=True), "server_lr": SERVER_LR}
 
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -25,8 +29,6 @@ def build(
     privacy: ClientDP | None = None,
 ) -> Algorithm:
     """FedProx with proximal weight `mu` (> 0); other arguments as fedavg.build."""
-    if mu <= 0:
-        raise ValueError(f"fedprox mu must be > 0, got {mu}")
     return fedavg.build(
         model,
         local,

@@ -30,6 +30,7 @@ from pfljax.algorithms import fedavg
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map
+from pfljax.core.domains import SERVER_LR, Domain, checked
 from pfljax.core.layers import last_layers
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.privacy import ClientDP
@@ -70,6 +71,14 @@ def server_update(hp: FedRepHyper, state: fedavg.FedAvgState, outputs, part: Par
     return state, metrics
 
 
+DOMAINS = {
+    "head_layers": fedavg.LOCAL_LAYERS,
+    "head_epochs": Domain(1, integer=True),
+    "server_lr": SERVER_LR,
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -90,8 +99,6 @@ def build(
       Others: as fedavg.build; `local` sets the optimizer, batch size and the
         body phase's steps/epochs (paper: 1 epoch).
     """
-    if head_epochs < 1:
-        raise ValueError(f"head_epochs must be >= 1, got {head_epochs}")
     check_weighting(weighting)
     local = local.validate()
     cmap = as_client_map(client_map)

@@ -39,6 +39,7 @@ import optax
 
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, take
+from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
@@ -180,6 +181,14 @@ def evaluate(model: Model, client_map, loss, adapt: Callable, state: PerFedAvgSt
     return evaluate_clients(model.apply, adapted, data.test, client_map, loss)
 
 
+DOMAINS = {
+    "alpha": Domain(0, low_open=True),
+    "delta": Domain(0, low_open=True),
+    "adapt_steps": Domain(0, integer=True),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -207,10 +216,6 @@ def build(
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     check_weighting(weighting)
-    if alpha <= 0 or delta <= 0:
-        raise ValueError(f"alpha and delta must be > 0, got alpha={alpha}, delta={delta}")
-    if adapt_steps < 0:
-        raise ValueError(f"adapt_steps must be >= 0, got {adapt_steps}")
     local = local.validate()
     cmap = as_client_map(client_map)
     train = make_meta_train(model.apply, local, alpha, variant, delta)

@@ -46,6 +46,7 @@ import optax
 from pfljax.core import hypernet as H
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
+from pfljax.core.domains import Domain, checked, is_traced, known_zero
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.round import Participants, federated_round
@@ -137,29 +138,26 @@ def evaluate(hp: PFedHNHyper, model: Model, client_map, loss, state: PFedHNState
 
 def make_optimizer(lr: float, momentum: float, weight_decay: float, clip_norm: float):
     """The hypernetwork's optimizer: SGD with momentum and weight decay after clipping
-    the gradient's global norm (0: no clip), as the released code."""
+    the gradient's global norm (0: no clip, also for a traced 0), as the released code."""
+    clip = jnp.where(clip_norm > 0, clip_norm, jnp.inf) if is_traced(clip_norm) else clip_norm
     return optax.chain(
-        optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
+        optax.identity() if known_zero(clip_norm) else optax.clip_by_global_norm(clip),
         optax.add_decayed_weights(weight_decay),
-        optax.sgd(lr, momentum=momentum or None),
+        optax.sgd(lr, momentum=None if known_zero(momentum) else momentum),
     )
 
 
-def _check(embedding_dim, hn_hidden, hn_lr, hn_momentum, hn_weight_decay, hn_clip_norm, combine) -> None:
-    """ValueError on an option out of range."""
-    if combine not in COMBINES:
-        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
-    if not hn_hidden or min(hn_hidden) < 1:
-        raise ValueError(f"hn_hidden must be a non-empty tuple of widths >= 1, got {hn_hidden}")
-    if embedding_dim < 0:
-        raise ValueError(f"embedding_dim must be >= 0 (0: automatic), got {embedding_dim}")
-    if hn_lr <= 0 or hn_momentum < 0 or hn_weight_decay < 0 or hn_clip_norm < 0:
-        raise ValueError(
-            "hn_lr must be > 0 and hn_momentum, hn_weight_decay, hn_clip_norm >= 0, got "
-            f"{hn_lr}, {hn_momentum}, {hn_weight_decay}, {hn_clip_norm}"
-        )
+DOMAINS = {
+    "embedding_dim": Domain(0, integer=True, note="0: int(1 + C / 4)"),
+    "hn_hidden": Domain(1, integer=True, note="each width"),
+    "hn_lr": Domain(0, low_open=True),
+    "hn_momentum": Domain(0, 1, high_open=True),
+    "hn_weight_decay": Domain(0),
+    "hn_clip_norm": Domain(0, note="0: no clip"),
+}
 
 
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -189,8 +187,11 @@ def build(
         "sum" (one step on their sum: to first order, K steps of the paper's
         one-client loop).
     """
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+    if not hn_hidden:
+        raise ValueError(f"hn_hidden must be a non-empty tuple of widths, got {hn_hidden}")
     hn_hidden = tuple(int(h) for h in hn_hidden)
-    _check(embedding_dim, hn_hidden, hn_lr, hn_momentum, hn_weight_decay, hn_clip_norm, combine)
     cmap = as_client_map(client_map)
     template = model.template()["params"]
     paths = tuple(P.leaf_paths(template))

@@ -87,6 +87,7 @@ import optax
 from pfljax.core import hypernet
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
+from pfljax.core.domains import Domain, checked, known_zero
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.layers import LEAF_GROUPINGS, leaf_groups
 from pfljax.core.local import LocalTraining, make_local_train
@@ -391,7 +392,7 @@ def group_bytes(params: PyTree, groups: PyTree, num_groups: int) -> np.ndarray:
 def _hn_optimizer(name: str, lr: float, momentum: float) -> optax.GradientTransformation:
     if name == "adam":
         return optax.adam(lr)
-    return optax.sgd(lr, momentum=momentum or None)
+    return optax.sgd(lr, momentum=None if known_zero(momentum) else momentum)
 
 
 def _check_choices(**choices) -> None:
@@ -399,18 +400,6 @@ def _check_choices(**choices) -> None:
     for name, (value, allowed) in choices.items():
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def _check_ranges(names, top_k, hn_lr, hn_momentum, embedding_dim, hn_hidden, trace_client) -> None:
-    """ValueError on a numeric option out of range (top_k against the L groups `names`)."""
-    if not 0 <= top_k <= len(names):
-        raise ValueError(f"top_k must be in [0, {len(names)}] (layer groups {names}), got {top_k}")
-    if not hn_lr > 0 or hn_momentum < 0:
-        raise ValueError(f"hn_lr must be > 0 and hn_momentum >= 0, got {hn_lr}, {hn_momentum}")
-    if embedding_dim < 1 or not hn_hidden or min(hn_hidden) < 1:
-        raise ValueError(f"embedding_dim and hn_hidden must be >= 1, got {embedding_dim}, {hn_hidden}")
-    if trace_client < 0:
-        raise ValueError(f"trace_client must be >= 0, got {trace_client}")
 
 
 def make_hyper(
@@ -438,7 +427,10 @@ def make_hyper(
     )
     template = model.template()["params"]
     groups, names = leaf_groups(template, grouping)
-    _check_ranges(names, top_k, hn_lr, hn_momentum, embedding_dim, hn_hidden, trace_client)
+    if top_k > len(names):
+        raise ValueError(f"top_k must be in [0, {len(names)}] (layer groups {names}), got {top_k}")
+    if not hn_hidden:
+        raise ValueError(f"hn_hidden must be a non-empty tuple of widths, got {hn_hidden}")
     if head_init == "auto":
         head_init = "uniform01" if normalization == "relu_normalize" else "zeros"
     return PFedLAHyper(
@@ -455,6 +447,17 @@ def make_hyper(
     )
 
 
+DOMAINS = {
+    "top_k": Domain(0, integer=True, note="0: pFedLA; at most the model's layer groups"),
+    "embedding_dim": Domain(1, integer=True),
+    "hn_hidden": Domain(1, integer=True, note="each width"),
+    "hn_lr": Domain(0, low_open=True),
+    "hn_momentum": Domain(0, 1, high_open=True),
+    "trace_client": Domain(0, integer=True, note="below num_clients"),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,

@@ -35,6 +35,7 @@ import optax
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
+from pfljax.core.domains import Domain, checked, known_zero
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
@@ -69,7 +70,7 @@ def make_inner_grad(apply_fn, loss, lam, personal_l2):
         loss = masked_mean(loss_obj.per_example(out, yb), wb)
         sq = sum(jnp.sum((t - a) ** 2) for t, a in zip(jax.tree.leaves(theta), jax.tree.leaves(w)))
         total = loss + 0.5 * lam * sq
-        if personal_l2:
+        if not known_zero(personal_l2):
             total = total + 0.5 * personal_l2 * sum(jnp.sum(t**2) for t in jax.tree.leaves(theta))
         return total, (loss, updates)
 
@@ -156,6 +157,16 @@ def evaluate(model: Model, client_map, loss, state: PFedMeState, data: ClientDat
     )
 
 
+DOMAINS = {
+    "lam": Domain(0, low_open=True),
+    "inner_steps": Domain(1, integer=True),
+    "personal_lr": Domain(0, low_open=True),
+    "beta": Domain(0, low_open=True, note="1: plain averaging"),
+    "personal_l2": Domain(0),
+}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -182,13 +193,6 @@ def build(
       weighting: "uniform" (paper) or "samples".
       Others: as fedavg.build; eta is the learning rate of `local.optimizer`.
     """
-    if lam <= 0 or personal_lr <= 0 or beta <= 0 or personal_l2 < 0:
-        raise ValueError(
-            f"lam, personal_lr and beta must be > 0 and personal_l2 >= 0, got lam={lam}, "
-            f"personal_lr={personal_lr}, beta={beta}, personal_l2={personal_l2}"
-        )
-    if inner_steps < 1:
-        raise ValueError(f"inner_steps must be >= 1, got {inner_steps}")
     check_weighting(weighting)
     local = local.validate()
     cmap = as_client_map(client_map)

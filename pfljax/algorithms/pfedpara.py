@@ -23,6 +23,7 @@ import jax
 from pfljax.algorithms import fedavg
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap
+from pfljax.core.domains import SERVER_LR, checked
 from pfljax.core.local import LocalTraining
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
@@ -37,6 +38,10 @@ MODEL_VARIANTS = {
 PERSONAL_FACTORS = r"/[xyt]2$"
 
 
+DOMAINS = {"server_lr": SERVER_LR}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,

@@ -36,6 +36,7 @@ import optax
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast
+from pfljax.core.domains import SERVER_LR, Domain, checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, own_steps, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
@@ -177,6 +178,10 @@ def evaluate(model: Model, client_map, loss, state: ScaffoldState, data: ClientD
     return evaluate_clients(model.apply, lambda c: state.global_params, data.test, client_map, loss)
 
 
+DOMAINS = {"server_lr": SERVER_LR, "local_lr": Domain(0, note="0: the mean gradient")}
+
+
+@checked(DOMAINS)
 def build(
     model: Model,
     local: LocalTraining,
@@ -200,8 +205,6 @@ def build(
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if server_lr <= 0 or local_lr < 0:
-        raise ValueError(f"server_lr must be > 0 and local_lr >= 0, got {server_lr}, {local_lr}")
     check_weighting(weighting)
     local = local.validate()
     cmap = as_client_map(client_map)

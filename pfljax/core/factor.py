@@ -64,6 +64,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pfljax.core.domains import Domain, check
+
 METHODS = ("ipf", "pca", "eig")
 STARTS = ("smc", "pca")  # "ipf" starting communalities
 SOLVERS = ("lbfgs", "plain")  # "ipf" steps
@@ -71,6 +73,13 @@ SOLVERS = ("lbfgs", "plain")  # "ipf" steps
 # factor_analyzer (bounds=(0.005, 1)) and psych::fa (minres, lower = .005) put on the uniquenesses.
 HEYWOOD_BOUND = 0.995
 HISTORY = 10  # L-BFGS pairs
+# The numeric arguments of `factor_split` (and FedFac's options of the same names).
+DOMAINS = {
+    "kappa": Domain(0, 1, low_open=True),
+    "tau_quantile": Domain(0, 100),
+    "max_iter": Domain(1, integer=True),
+    "tol": Domain(0, low_open=True),
+}
 
 
 class FactorSplit(NamedTuple):
@@ -106,11 +115,8 @@ def check_split_args(
     max_iter: int = 500,
     tol: float = 1e-6,
 ) -> None:
-    """ValueError naming the argument for values out of range."""
-    if not 0.0 < kappa <= 1.0:
-        raise ValueError(f"kappa must be in (0, 1], got {kappa!r}")
-    if not 0.0 <= tau_quantile <= 100.0:
-        raise ValueError(f"tau_quantile must be in [0, 100], got {tau_quantile!r}")
+    """ValueError naming the argument for values out of range (`DOMAINS`, choices)."""
+    check(DOMAINS, {"kappa": kappa, "tau_quantile": tau_quantile, "max_iter": max_iter, "tol": tol})
     for name, value, allowed in (
         ("method", method, METHODS),
         ("start", start, STARTS),
@@ -118,10 +124,6 @@ def check_split_args(
     ):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"max_iter must be an int >= 1, got {max_iter!r}")
-    if not tol > 0.0:
-        raise ValueError(f"tol must be > 0, got {tol!r}")
 
 
 def unit_observations(kernels: jax.Array) -> jax.Array:

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from pfljax.core.domains import known_zero
 from pfljax.core.losses import Loss, get_loss, masked_mean
 from pfljax.core.types import ClientArrays
 
@@ -235,7 +236,7 @@ def make_local_train(
         out, updates = apply_fn({**rest, "params": params}, xb, train=True)
         loss = masked_mean(loss_obj.per_example(out, yb), wb)
         total = loss
-        if prox_mu:
+        if not known_zero(prox_mu):  # a traced prox_mu (a grid's) is kept
             sq = jax.tree.map(lambda p, a: jnp.sum((p - a) ** 2), params, anchor)
             total = total + 0.5 * prox_mu * sum(jax.tree.leaves(sq))
         if regularizer is not None:

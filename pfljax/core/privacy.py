@@ -26,7 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from pfljax.core.domains import Domain, check
+
 PyTree = Any
+# The domains of ClientDP's fields (the experiment config's dp.* fields of the same names).
+DOMAINS = {
+    "noise_multiplier": Domain(0),
+    "clip_norm": Domain(0, math.inf, low_open=True, note="inf: no clipping"),
+}
 
 
 class ClientDP(NamedTuple):
@@ -36,10 +43,8 @@ class ClientDP(NamedTuple):
     clip_norm: float
 
     def validate(self) -> ClientDP:
-        if not self.noise_multiplier >= 0 or math.isinf(self.noise_multiplier):
-            raise ValueError(f"noise_multiplier must be a finite number >= 0, got {self.noise_multiplier}")
-        if not self.clip_norm > 0:
-            raise ValueError(f"clip_norm must be > 0 (inf: no clipping), got {self.clip_norm}")
+        """self; ValueError naming a field outside its domain (`DOMAINS`)."""
+        check(DOMAINS, self._asdict())
         return self
 
 

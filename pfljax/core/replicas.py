@@ -17,9 +17,11 @@ matmuls may differ (tests: rtol 1e-5).
 A grid (`replicate_grid`) builds the algorithm inside the vmapped function with
 the varying hyperparameters as traced scalars: `build(**{name: tracer})`. Which
 options can vary is decided by trying (`check_varying`): an option whose build
-path needs a concrete value (Python control flow such as `if mu <= 0`, a shape,
-an int) raises a JAX tracer error at trace time, which is turned into one
-ValueError naming the option ("cannot vary inside one program").
+path needs a concrete value (Python control flow that chooses code, such as
+scaffold's `if local_lr > 0`, a shape, an int) raises a JAX tracer error at trace
+time, which is turned into one ValueError naming the option ("cannot vary inside
+one program"). Range checks do not: builds check their options' domains only for
+concrete values (`pfljax.core.domains`).
 """
 
 from __future__ import annotations

@@ -210,13 +210,18 @@ def config_help() -> str:
     lines = ["Config fields (--config.<field>=value; defaults of the default config):"]
     for key in sorted(config.keys()):
         value = config[key]
-        if key in _algorithm_names() or key in ("source", "model_kwargs"):
+        if key in _algorithm_names() or key in ("source", "model_kwargs", "dp"):
             continue
         lines.append(f"  {key}={value!r}" + (f"  -- {FIELD_HELP[key]}" if key in FIELD_HELP else ""))
     lines.append("  model_kwargs.<arg>=value  -- arguments of the model (default mlp: hidden=(200,))")
     lines.append(
         "  source.<option>=value  -- source options, unset by default: "
         + ", ".join(sorted(config.source.keys()))
+    )
+    lines.append(
+        "  dp.<option>=value  -- client-level DP: "
+        + ", ".join(f"{k}={v!r}" for k, v in sorted(config.dp.items()))
+        + " (the others only with enabled=True)"
     )
     lines.append("Algorithm options (--config.<algorithm>.<option>=value):")
     for name in _algorithm_names():

@@ -24,6 +24,7 @@ import contextlib
 import copy
 import dataclasses
 import difflib
+import functools
 import inspect
 import json
 import os
@@ -37,7 +38,9 @@ import ml_collections
 import optax
 
 from pfljax import algorithms
+from pfljax.core import privacy
 from pfljax.core.clients import STRATEGIES, ClientMap
+from pfljax.core.domains import Domain
 from pfljax.core.local import LOOPS, LocalTraining
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
@@ -75,13 +78,41 @@ ALGORITHM_TRAINING = {
 }
 
 
-# Algorithm options range-checked here (by option name, for every algorithm that has
-# it) on top of the checks in the modules' `build`: (predicate, what is allowed).
-OPTION_RULES = {
-    "server_lr": (lambda v: v > 0, "must be > 0"),
-    "finetune_lr": (lambda v: v >= 0, "must be >= 0 (0: the local optimizer)"),
-    "warmup_rounds": (lambda v: v >= 0, "must be >= 0"),
-    "new_client_epochs": (lambda v: v >= 1, "must be >= 1"),
+# The domains of the numeric common fields (pfljax.core.domains), checked by `validate`
+# whether or not the run uses the field; a function of the config where a bound
+# depends on another field. Unset (None) learning_rate / momentum are not checked.
+FIELD_DOMAINS = {
+    "seed": Domain(0, integer=True),
+    "data_seed": Domain(-1, integer=True, note="-1: use seed"),
+    "rounds": Domain(1, integer=True),
+    "num_clients": Domain(1, integer=True),
+    "clients_per_round": lambda c: Domain(
+        0, c.num_clients, integer=True, note=f"num_clients={c.num_clients}; 0: all clients"
+    ),
+    "dirichlet_alpha": Domain(0, low_open=True),
+    "classes_per_client": Domain(1, integer=True),
+    "num_dominant": Domain(1, integer=True),
+    "dominant_fraction": Domain(0, 1, low_open=True),
+    "num_groups": Domain(1, integer=True),
+    "samples_per_client": Domain(0, integer=True, note="0: no cap"),
+    "test_fraction": Domain(0, 1, low_open=True, high_open=True),
+    "local_steps": Domain(0, integer=True, note="0: use local_epochs"),
+    "local_epochs": Domain(1, integer=True, note="used when local_steps is 0"),
+    "batch_size": Domain(1, integer=True),
+    "learning_rate": Domain(0, low_open=True, note="unset: the optimizer's default"),
+    "momentum": Domain(0, 1, high_open=True),
+    "weight_decay": Domain(0),
+    "chunk_size": Domain(0, integer=True, note="0: no chunks"),
+    "eval_every": Domain(1, integer=True),
+    "checkpoint_every": Domain(0, integer=True, note="0: only at the end"),
+    "block_rounds": Domain(0, integer=True, note="0: auto"),
+    "num_devices": lambda c: Domain(0, jax.device_count(), integer=True, note="0: all visible devices"),
+}
+# config.dp.<field> (client-level DP): ClientDP's fields, the accountant's delta and the budget.
+DP_DOMAINS = {
+    **privacy.DOMAINS,
+    "delta": Domain(0, 1, high_open=True, note="0: 1/num_clients^1.1"),
+    "target_epsilon": Domain(0, note="0: no budget"),
 }
 # Options that usually make a run diverge, named in the divergence message
 # (besides the common learning_rate / optimizer / momentum / local schedule and any
@@ -115,14 +146,14 @@ SOURCE_OPTIONS = {
     "fashion_mnist": ("standardize", "pixel_scale"),
     "tfds:": ("splits", "prepare_from", "standardize"),
 }
-# Ranges of the numeric source options: (low, high, low open).
-SOURCE_RANGES = {
-    "samples_per_client": (1, None, False),
-    "d": (1, None, False),
-    "m": (1, None, False),
-    "p": (0, 1, False),
-    "alpha": (0, None, False),
-    "noise_scale": (0, None, False),
+# Domains of the numeric source options (checked where set).
+SOURCE_DOMAINS = {
+    "samples_per_client": Domain(1, integer=True),
+    "d": Domain(1, integer=True),
+    "m": Domain(1, integer=True),
+    "p": Domain(0, 1),
+    "alpha": Domain(0),
+    "noise_scale": Domain(0),
 }
 # One line per common field, for --help.
 FIELD_HELP = {
@@ -147,7 +178,7 @@ FIELD_HELP = {
     "clients_per_round": "0: all clients, else in [1, num_clients]",
     "rounds": ">= 1",
     "local_steps": "local steps per round; 0: use local_epochs",
-    "local_epochs": ">= 1 when local_steps is 0",
+    "local_epochs": ">= 1; used when local_steps is 0",
     "batch_size": ">= 1",
     "drop_last": "drop each epoch's last incomplete batch (floor(n / batch_size) steps; PFLlib's)",
     "optimizer": "auto (the method's: adam for federico, else sgd), sgd, adam, adamw",
@@ -163,6 +194,7 @@ FIELD_HELP = {
     "replicate_data": "with several devices: the data on every device",
     "eval_every": ">= 1 rounds between evaluations",
     "checkpoint_every": ">= 0 rounds between checkpoints (0: only at the end)",
+    "block_rounds": ">= 0 rounds per compiled block (0: auto, up to the next checkpoint or the end)",
 }
 
 
@@ -323,33 +355,6 @@ def _check(ok: bool, field: str, message: str) -> None:
         raise ConfigError(f"config.{field} {message}")
 
 
-def _number(config, field: str, prefix: str = "") -> None:
-    value = config[field]
-    _check(
-        isinstance(value, int | float) and not isinstance(value, bool),
-        prefix + field,
-        f"must be a number, got {value!r}",
-    )
-
-
-def _in_range(
-    config, field: str, low=None, high=None, *, low_open=False, high_open=False, note="", prefix=""
-) -> None:
-    """config.<field> within [low, high] (open ends where asked), else ConfigError."""
-    _number(config, field, prefix)
-    value = config[field]
-    ok = (low is None or (value > low if low_open else value >= low)) and (
-        high is None or (value < high if high_open else value <= high)
-    )
-    if high is None:
-        allowed = f"{'>' if low_open else '>='} {low}"
-    elif low is None:
-        allowed = f"{'<' if high_open else '<='} {high}"
-    else:
-        allowed = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-    _check(ok, prefix + field, f"must be {allowed}{note}, got {value!r}")
-
-
 def _one_of(config, field: str, allowed) -> None:
     value = config[field]
     _check(
@@ -360,8 +365,7 @@ def _one_of(config, field: str, allowed) -> None:
 
 
 def _check_pfllib_mode(config: ml_collections.ConfigDict) -> None:
-    """The fields of PFLlib's data and batches: test_split, drop_last, source.pixel_scale."""
-    _one_of(config, "test_split", TEST_SPLITS)
+    """The fields of PFLlib's batches and pixels: drop_last, source.pixel_scale (test_split: `choices`)."""
     _check(
         isinstance(config.drop_last, bool), "drop_last", f"must be True or False, got {config.drop_last!r}"
     )
@@ -369,104 +373,120 @@ def _check_pfllib_mode(config: ml_collections.ConfigDict) -> None:
     _check(scale is None or scale in scales, "source.pixel_scale", f"must be one of {scales}, got {scale!r}")
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-    """Checks field names and values that need no data; raises ConfigError.
-
-    Every numeric field is range-checked here whether or not the config uses it
-    (e.g. dirichlet_alpha with partition="classes"), so a typo never waits for
-    the run that needs it.
-    """
+def choices() -> dict[str, Any]:
+    """{field: its allowed values} of the common fields that name a choice."""
     from pfljax.data.federated import PARTITIONS  # pylint: disable=import-outside-toplevel
     from pfljax.data.partition import PERMUTE_MODES  # pylint: disable=import-outside-toplevel
 
-    schema = base_config()
+    return {
+        "algorithm": algorithms.available(),
+        "partition": PARTITIONS,
+        "permute_labels": PERMUTE_MODES,
+        "test_split": TEST_SPLITS,
+        "optimizer": OPTIMIZERS,
+        "loss": LOSS_NAMES,
+        "client_map": STRATEGIES,
+        "local_loop": LOOPS,
+        "model": sorted(MODELS),
+    }
+
+
+def numeric_domains(config) -> dict[str, Domain]:
+    """The domain of every numeric field, by its dotted name under `config.`: the common
+    fields ("rounds"), source options ("source.p"), DP's ("dp.clip_norm") and each
+    algorithm's options ("fedprox.mu", `pfljax.algorithms.domains`)."""
+    out = {k: d(config) if callable(d) else d for k, d in FIELD_DOMAINS.items()}
+    out.update({f"source.{k}": d for k, d in SOURCE_DOMAINS.items()})
+    out.update({f"dp.{k}": d for k, d in DP_DOMAINS.items()})
+    for name in algorithms.available():
+        out.update({f"{name}.{k}": d for k, d in algorithms.domains(name).items()})
+    return out
+
+
+def _lookup(config, field: str) -> Any:
+    """config.<field> for a dotted name ("dp.delta"); None where it or its group is absent."""
+    for part in field.split("."):
+        if part not in config:
+            return None
+        config = config[part]
+    return config
+
+
+def _check_names(config, schema) -> None:
+    """ConfigError for a field, source / DP option or algorithm option the schema lacks."""
     unknown = sorted(set(config.keys()) - set(schema.keys()))
     if unknown:
         raise ConfigError(
             f"config.{unknown[0]} is not a known config field{close_names(unknown[0], schema.keys())}; "
             f"fields: {', '.join(sorted(schema.keys()))}"
         )
-    for name in algorithms.available():
-        if name in config:
-            extra = sorted(set(config[name].keys()) - set(schema[name].keys()))
-            if extra:
-                raise ConfigError(
-                    f"config.{name}.{extra[0]} is not an option of {name}"
-                    f"{close_names(extra[0], schema[name].keys())}; its options: "
-                    f"{', '.join(sorted(schema[name].keys())) or 'none'}"
-                )
-    extra = sorted(set(config.source.keys()) - set(schema.source.keys()))
-    if extra:
-        raise ConfigError(
-            f"config.source.{extra[0]} is not a source option{close_names(extra[0], schema.source.keys())}; "
-            f"options: {', '.join(sorted(schema.source.keys()))}"
-        )
+    groups = {"source": "a source option", "dp": "a dp option"}
+    for name in ["source", "dp", *(n for n in algorithms.available() if n in config)]:
+        known = schema[name].keys()
+        extra = sorted(set(config[name].keys()) - set(known))
+        if extra:
+            what = groups.get(name, f"an option of {name}")
+            raise ConfigError(
+                f"config.{name}.{extra[0]} is not {what}{close_names(extra[0], known)}; "
+                f"{'its ' if name not in groups else ''}options: {', '.join(sorted(known)) or 'none'}"
+            )
+
+
+def _check_source(config) -> None:
+    """ConfigError for a source option set (not None) that the dataset does not take."""
     given = {k: v for k, v in config.source.items() if v is not None}
     kind = "tfds:" if str(config.dataset).startswith("tfds:") else config.dataset
-    if kind in SOURCE_OPTIONS:
-        for option in sorted(given):
-            if option not in SOURCE_OPTIONS[kind]:
-                raise ConfigError(
-                    f"config.source.{option}={given[option]!r} is not an option of dataset "
-                    f"{config.dataset!r}; its options: {', '.join(SOURCE_OPTIONS[kind])}"
-                )
-    for option, (low, high, low_open) in SOURCE_RANGES.items():
-        if given.get(option) is not None:
-            _in_range(config.source, option, low, high, low_open=low_open, prefix="source.")
+    for option in sorted(given) if kind in SOURCE_OPTIONS else ():
+        if option not in SOURCE_OPTIONS[kind]:
+            raise ConfigError(
+                f"config.source.{option}={given[option]!r} is not an option of dataset "
+                f"{config.dataset!r}; its options: {', '.join(SOURCE_OPTIONS[kind])}"
+            )
+
+
+def _check_privacy_set(config, schema) -> None:
+    """ConfigError for a dp.* option set while dp.enabled is False: privacy is never silently off."""
+    if config.dp.enabled:
+        return
+    for key, default in schema.dp.items():
+        if key != "enabled" and config.dp[key] != default:
+            raise ConfigError(
+                f"config.dp.{key}={config.dp[key]!r} is set but config.dp.enabled is False, so the run "
+                f"would have no privacy: set --config.dp.enabled=True, or leave dp.{key} at {default!r}"
+            )
+
+
+@functools.cache
+def _schema() -> ml_collections.FrozenConfigDict:
+    """base_config(), built once: `validate` reads its names and the dp defaults."""
+    return ml_collections.FrozenConfigDict(base_config())
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Checks field names and values that need no data; raises ConfigError.
+
+    Every numeric field is checked against its domain (`numeric_domains`: the common
+    fields, source / DP options and every algorithm's options) whether or not the
+    config uses it (e.g. dirichlet_alpha with partition="classes"), so a typo never
+    waits for the run that needs it; the message is one line, "config.<field> must
+    be <domain>, got X". A dp.* option set while dp.enabled is False is refused.
+    """
+    schema = _schema()
+    _check_names(config, schema)
+    _check_source(config)
     _check_pfllib_mode(config)
-    _one_of(config, "algorithm", algorithms.available())
-    _in_range(config, "seed", 0)
-    _in_range(config, "data_seed", -1, note=" (-1: use seed)")
-    _in_range(config, "rounds", 1)
-    _in_range(config, "num_clients", 1)
-    _in_range(
-        config,
-        "clients_per_round",
-        0,
-        config.num_clients,
-        note=f" (num_clients={config.num_clients}; 0: all clients)",
-    )
-    # Data fields (checked again, with the data's class count, when the data are built).
-    _one_of(config, "partition", PARTITIONS)
-    _one_of(config, "permute_labels", PERMUTE_MODES)
-    _in_range(config, "dirichlet_alpha", 0, low_open=True)
-    _in_range(config, "classes_per_client", 1)
-    _in_range(config, "num_dominant", 1)
-    _in_range(config, "dominant_fraction", 0, 1, low_open=True)
-    _in_range(config, "num_groups", 1)
-    _in_range(config, "samples_per_client", 0, note=" (0: no cap)")
-    _in_range(config, "test_fraction", 0, 1, low_open=True, high_open=True)
-    # Local training.
-    _in_range(config, "local_steps", 0, note=" (0: use local_epochs)")
-    if config.local_steps == 0:
-        _in_range(config, "local_epochs", 1, note=" when local_steps is 0")
-    _in_range(config, "batch_size", 1)
-    _one_of(config, "optimizer", OPTIMIZERS)
-    _one_of(config, "loss", LOSS_NAMES)
-    if config.learning_rate is not None:
-        _in_range(config, "learning_rate", 0, low_open=True, note=" (unset: the optimizer's default)")
-    if config.momentum is not None:
-        _in_range(config, "momentum", 0, 1, high_open=True)
-    _in_range(config, "weight_decay", 0)
-    # Execution and outputs.
-    _one_of(config, "client_map", STRATEGIES)
-    _in_range(config, "chunk_size", 0, note=" (0: no chunks)")
-    _one_of(config, "local_loop", LOOPS)
-    _in_range(config, "eval_every", 1)
-    _in_range(config, "checkpoint_every", 0, note=" (0: only at the end)")
-    _in_range(config, "block_rounds", 0, note=" (0: auto)")
-    devices = jax.device_count()
-    _in_range(config, "num_devices", 0, devices, note=" (0: all visible devices)")
-    _one_of(config, "model", sorted(MODELS))
+    for field, allowed in choices().items():
+        _one_of(config, field, allowed)
+    for field, domain in numeric_domains(config).items():
+        value = _lookup(config, field)
+        message = None if value is None else domain.error(f"config.{field}", value)
+        if message:
+            raise ConfigError(message)
+    _check_privacy_set(config, schema)
     try:
         algorithms.model_variant(config.algorithm, config.model)
     except ValueError as e:
         raise ConfigError(f"config.model={config.model!r}: {e}") from e
-    options = config[config.algorithm] if config.algorithm in config else {}
-    for option, value in options.items():
-        if option in OPTION_RULES and isinstance(value, int | float):
-            ok, allowed = OPTION_RULES[option]
-            _check(ok(value), f"{config.algorithm}.{option}", f"{allowed}, got {value!r}")
 
 
 def resolve(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, list[str]]:
@@ -725,15 +745,11 @@ def dp_delta(config) -> float:
 
 
 def make_privacy(config) -> ClientDP | None:
-    """ClientDP from config.dp (None unless enabled); ConfigError for bad values or an
-    algorithm whose server does not average client uploads."""
+    """ClientDP from config.dp (None unless enabled; its values were checked by
+    `validate`); ConfigError for an algorithm whose server does not average client uploads."""
     dp = config.dp
     if not dp.enabled:
         return None
-    _check(dp.noise_multiplier >= 0, "dp.noise_multiplier", f"must be >= 0, got {dp.noise_multiplier}")
-    _check(dp.clip_norm > 0, "dp.clip_norm", f"must be > 0 (inf: no clipping), got {dp.clip_norm}")
-    _check(0 <= dp.delta < 1, "dp.delta", f"must be in [0, 1) (0: 1/num_clients^1.1), got {dp.delta}")
-    _check(dp.target_epsilon >= 0, "dp.target_epsilon", f"must be >= 0 (0: none), got {dp.target_epsilon}")
     if "privacy" not in inspect.signature(algorithms.get(config.algorithm).build).parameters:
         supported = [
             n

@@ -58,28 +58,46 @@ class _Override:
 
 
 def grid_target(config, option: str) -> str:
-    """'' for a top-level field, else the algorithm whose option `option` is; ConfigError otherwise."""
+    """'' for a top-level field, else the algorithm whose numeric option `option` is; ConfigError otherwise.
+
+    Any scalar option with a declared domain (`pfljax.algorithms.domains`) may be a
+    grid's. As one program (`train_replicas`) only float options can vary: an
+    integer option is refused there (`make_build`), and whether a float option's
+    build path traces is tried (`pfljax.core.replicas.check_varying`).
+    """
     if option in TOP_LEVEL:
         return ""
     name = config.algorithm
-    if name in config and option in config[name]:
-        value = config[name][option]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(
-                f"--grid={option}: config.{name}.{option}={value!r} is not a number; "
-                "it cannot vary inside one program"
-            )
+    options = config[name] if name in config else {}
+    domains, value = algorithms.domains(name), options.get(option)
+    if option in domains and isinstance(value, int | float) and not isinstance(value, bool):
         return name
-    options = sorted(k for k, v in (config[name].items() if name in config else []) if isinstance(v, float))
+    if option in options:
+        raise ConfigError(
+            f"--grid={option}: config.{name}.{option}={value!r} is not a number; "
+            "it cannot vary inside one program"
+        )
+    floats = sorted(k for k, d in domains.items() if not d.integer and isinstance(options.get(k), float))
     raise ConfigError(
         f"--grid={option}: not a float option of {name} nor one of {list(TOP_LEVEL)}; "
-        f"{name}'s float options: {options}"
+        f"{name}'s float options: {floats}"
     )
 
 
 def make_build(config, prep, grid_names: Sequence[str]):
-    """build(**{option: scalar}) -> the Algorithm of `config` with those options replaced."""
+    """build(**{option: scalar}) -> the Algorithm of `config` with those options replaced.
+
+    ConfigError for an integer option (`pfljax.algorithms.domains`): a grid's value is
+    a traced float scalar, which a count or a shape cannot be.
+    """
     name = config.algorithm
+    domains = algorithms.domains(name)
+    for option in grid_names:
+        if option not in TOP_LEVEL and domains[option].integer:
+            raise ConfigError(
+                f"--grid={option}: config.{name}.{option} is an integer option: it cannot vary inside one "
+                "program (its values are traced floats); run them as separate runs (without --vectorize)"
+            )
     options = _tuples(to_plain(config[name])) if name in config else {}
     privacy = make_privacy(config)
     if privacy is not None:

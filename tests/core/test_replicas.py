@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from pfljax.algorithms import ditto, fedavg, fedprox, pfedla
+from pfljax.algorithms import ditto, fedavg, fedprox, pfedla, scaffold
 from pfljax.core import replicas
 from pfljax.core.local import LocalTraining
 from pfljax.models import build_model
@@ -98,16 +98,16 @@ def test_learning_rate_grid_equals_separate_runs(strategy):
     assert reps.algorithm(2).round is not None
 
 
-def test_options_with_python_checks_cannot_vary():
-    """fedprox mu and ditto lam enter the math as scalars, but their builds check
-    their range with Python comparisons: tracing names them."""
+def test_only_options_that_choose_code_or_shapes_cannot_vary():
+    """fedprox mu and ditto lam enter the math as scalars: their builds check their
+    domains for concrete values only, so they vary. scaffold's local_lr chooses the
+    control formula (0: the mean gradient) and a step count is a shape: tracing names them."""
     data = toy_data(COUNTS)
-    mu = lambda mu: fedprox.build(MODEL, SPEC, mu=mu)  # noqa: E731
-    with pytest.raises(ValueError, match=r"^fedprox\.mu cannot vary inside one program: .*TracerBool"):
-        replicas.check_varying(mu, {"mu": (0.1, 0.2)}, data, C, prefix="fedprox.")
-    lam = lambda lam: ditto.build(MODEL, SPEC, lam=lam)  # noqa: E731
-    with pytest.raises(ValueError, match=r"^lam cannot vary inside one program"):
-        replicas.check_varying(lam, {"lam": (0.1, 1.0)}, data, C)
+    replicas.check_varying(lambda mu: fedprox.build(MODEL, SPEC, mu=mu), {"mu": (0.1, 0.2)}, data, C)
+    replicas.check_varying(lambda lam: ditto.build(MODEL, SPEC, lam=lam), {"lam": (0.1, 1.0)}, data, C)
+    local_lr = lambda local_lr: scaffold.build(MODEL, SPEC, local_lr=local_lr)  # noqa: E731
+    with pytest.raises(ValueError, match=r"^scaffold\.local_lr cannot vary inside one program: .*TracerBool"):
+        replicas.check_varying(local_lr, {"local_lr": (0.1, 0.2)}, data, C, prefix="scaffold.")
     steps = lambda local_steps: fedavg.build(  # noqa: E731
         MODEL, LocalTraining(optax.sgd(0.1), steps=local_steps), client_map="vmap"
     )

@@ -93,6 +93,8 @@ CASES = [
     (MAIN, ["--config.algorithm=federico", "--config.federico.epsilon=2"], ["federico.epsilon", "[0, 1]"]),
     (MAIN, ["--config.algorithm=pfedla", "--config.pfedla.hn_lr=-1"], ["pfedla", "hn_lr", "> 0"]),
     (MAIN, ["--config.algorithm=fedfac", "--config.fedfac.kappa=0"], ["fedfac.kappa", "(0, 1]"]),
+    (MAIN, ["--config.fedprox.mu=nan"], ["fedprox.mu", "> 0", "nan"]),
+    (MAIN, ["--config.dp.noise_multiplier=2"], ["dp.noise_multiplier", "dp.enabled is False"]),
     # compare.
     (COMPARE, ["--seeds=a"], ["--seeds=a", "integers"]),
     (COMPARE, ["--seeds="], ["--seeds", "empty"]),

@@ -70,8 +70,10 @@ def test_bad_input_refused_before_training(tmp_path):
     c.data_seed = -1
     with pytest.raises(ConfigError, match="one shared partition, but config.data_seed=-1"):
         compare(c, ["fedavg"], (0, 1), w, vectorize=True)
-    with pytest.raises(ConfigError, match=r"fedprox option mu cannot vary inside one program"):
-        compare(config(), ["fedprox"], (0,), w, vectorize=True, grid=parse_grid("mu=0.1,0.2"))
+    with pytest.raises(ConfigError, match=r"scaffold option local_lr cannot vary inside one program"):
+        compare(config(), ["scaffold"], (0,), w, vectorize=True, grid=parse_grid("local_lr=0.1,0.2"))
+    with pytest.raises(ConfigError, match=r"config.fedfomo.num_models is an integer option: it cannot vary"):
+        compare(config(), ["fedfomo"], (0,), w, vectorize=True, grid=parse_grid("num_models=2,3"))
     with pytest.raises(ConfigError, match="not a float option of fedavg"):
         compare(config(), ["fedavg"], (0,), w, vectorize=True, grid=parse_grid("nope=1,2"))
     with pytest.raises(ValueError, match="--grid=learning_rate: give <option>=v1,v2"):
