@@ -1,6 +1,9 @@
-"""README's "Use from your own JAX code" example runs as written; importing pfljax stays light."""
+"""README's "Use from your own JAX code" example runs as written, every `pfljax.` name it
+shows exists; importing pfljax stays light."""
 
 import contextlib
+import importlib
+import importlib.util
 import io
 import os
 import re
@@ -60,3 +63,41 @@ def test_every_algorithm_is_reexported_and_readme_table_is_current():
         "README's table of algorithms is out of date: run `python -m pfljax.algorithms` and paste it "
         "between the algorithms:begin/end markers"
     )
+
+
+def resolve(dotted: str):
+    """The object a dotted name names: the longest importable module prefix, then attributes.
+    A module is found, not imported (the binaries' modules define absl flags on import)."""
+    with contextlib.suppress(ImportError, AttributeError, ValueError):
+        spec = importlib.util.find_spec(dotted)
+        if spec is not None:
+            return spec
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_dotted_pfljax_name_in_readme_exists():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    names = sorted(set(re.findall(r"\bpfljax(?:\.[A-Za-z_]\w*)+", text)))
+    assert len(names) > 40 and "pfljax.federico.sample_neighbours" in names
+    missing = []
+    for name in names:
+        try:
+            resolve(name)
+        except (ImportError, AttributeError):
+            missing.append(name)
+    assert not missing, f"README names what pfljax does not have: {missing}"
+    try:
+        resolve("pfljax.federico.em_posterior")  # the check itself can fail
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("resolve() found a name that does not exist")

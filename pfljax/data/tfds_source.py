@@ -26,6 +26,7 @@ checksums (mnist, fashion_mnist, kmnist, ...).
 
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 
@@ -43,9 +44,26 @@ def _builder(name: str, data_dir: str | None):
     try:
         return tfds.builder(name, data_dir=data_dir)
     except Exception as e:  # DatasetNotFoundError and friends
-        raise ValueError(
-            f"dataset='tfds:{name}' is not a TFDS data set known to tensorflow_datasets: {e}"
-        ) from e
+        raise ValueError(_builder_error(tfds, name, e)) from e
+
+
+def _builder_error(tfds, name: str, e: BaseException) -> str:
+    """One short line for tfds.builder's error: an unknown name gets at most 3 close
+    names and a count (TFDS's own message lists all ~450 data sets), others their first line."""
+    if type(e).__name__ != "DatasetNotFoundError":
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return f"dataset='tfds:{name}': tensorflow_datasets cannot build it: {first[:300]}"
+    try:
+        names = [str(n) for n in tfds.list_builders()]
+    except Exception:  # noqa: BLE001  no suggestions then
+        names = []
+    base = name.split("/")[0].split(":")[0]
+    close = difflib.get_close_matches(base, names, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return (
+        f"dataset='tfds:{name}' is not a TFDS data set known to tensorflow_datasets "
+        f"({hint}{len(names)} known: tfds.list_builders())"
+    )
 
 
 def prepare_tfds_from_files(name: str, data_dir: str, files_dir: str) -> None:

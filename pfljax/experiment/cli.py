@@ -27,6 +27,12 @@ from absl import flags
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 EXIT_OUT_OF_MEMORY = 4
+# What a run imports from pyproject's `experiments` extra (import names; PIP_NAMES: their
+# distributions where they differ). pfljax-partition needs matplotlib only.
+RUN_PACKAGES = ("orbax.checkpoint", "matplotlib", "tensorboardX", "tqdm")
+PARTITION_PACKAGES = ("matplotlib",)
+PIP_NAMES = {"orbax.checkpoint": "orbax-checkpoint"}
+EXIT_FOOTER = "0 completed, 2 bad input, 3 a run diverged, 4 out of device memory."
 HELP_FLAGS = ("-h", "--help", "-help", "--helpfull", "--helpshort", "-?")
 SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../pfljax
@@ -235,7 +241,7 @@ def set_usage(doc: str, argv: list[str]) -> None:
     """Makes absl's --help show `doc`, plus the config fields when help is asked
     for (computing them imports every algorithm, so only then)."""
     if any(a in HELP_FLAGS for a in argv[1:]):
-        doc = doc + "\n\n" + config_help() + "\n\nExit codes: 0 completed, 2 bad input, 3 a run diverged."
+        doc = doc + "\n\n" + config_help() + "\n\nExit codes: " + EXIT_FOOTER
     sys.modules["__main__"].__doc__ = doc
 
 
@@ -271,11 +277,37 @@ def initialize_distributed() -> None:
     jax.distributed.initialize(**kwargs)
 
 
-def start(argv: list[str], distributed: bool) -> None:
-    """Common prologue of the binaries' `main`: logging (our lines at INFO, orbax
-    quiet), multi-host initialization when asked, and no stray positional arguments."""
+def missing_package(name: str) -> bool:
+    """Whether module `name` cannot be imported (not installed, or blocked by a None
+    in sys.modules), found without importing it."""
+    parts = name.split(".")
+    if any(sys.modules.get(".".join(parts[: i + 1]), False) is None for i in range(len(parts))):
+        return True
+    try:
+        return importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def require_packages(modules: tuple[str, ...]) -> None:
+    """One line and exit 2, before anything is written, when a package of the
+    `experiments` extra that this binary imports is missing (a bare `pip install pfljax`)."""
+    missing = [m for m in modules if missing_package(m)]
+    if missing:
+        names = ", ".join(PIP_NAMES.get(m, m) for m in missing)
+        fail(
+            f"missing package {names} (the binaries need the experiments extra): "
+            f"pip install 'pfljax[experiments]' (in a clone: pip install -e '.[experiments]')"
+        )
+
+
+def start(argv: list[str], distributed: bool, needs: tuple[str, ...] = RUN_PACKAGES) -> None:
+    """Common prologue of the binaries' `main`: no stray positional arguments, the
+    extra's packages `needs` importable, logging (our lines at INFO, orbax quiet),
+    multi-host initialization when asked."""
     if len(argv) > 1:
         fail(f"unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
+    require_packages(needs)
     setup_logging()
     if distributed:
         initialize_distributed()

@@ -692,7 +692,8 @@ def _without_tf_log_lines():
 
 def data_warnings(config, fed_data: FederatedData) -> list[str]:
     """Lines about data that differ from what the config seems to ask for (a cap
-    no client reaches, classes no client holds)."""
+    no client reaches, a cap that cuts clients of a non-IID split, classes
+    no client holds)."""
     cap = config.samples_per_client
     sizes = [c["train"] + c["test"] for c in fed_data.summary["clients"]]
     lines = []
@@ -701,6 +702,13 @@ def data_warnings(config, fed_data: FederatedData) -> list[str]:
             f"config.samples_per_client={cap} is a cap, and no client reaches it: "
             f"{sum(sizes)} samples over {len(sizes)} clients give {min(sizes)}..{max(sizes)} "
             f"(mean {sum(sizes) / len(sizes):.0f}) samples per client"
+        )
+    at_cap = sum(size == cap for size in sizes) if cap else 0
+    if at_cap and config.partition != "iid":
+        lines.append(
+            f"config.samples_per_client={cap} cuts {at_cap} of {len(sizes)} clients of the "
+            f"{config.partition!r} split to {cap} samples each, so client sizes are no longer the split's; "
+            f"--config.samples_per_client=0 lifts the cap"
         )
     unplaced = fed_data.summary.get("unplaced_classes")
     if unplaced:

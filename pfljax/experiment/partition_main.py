@@ -18,7 +18,7 @@ import sys
 
 from absl import app, flags
 
-from pfljax.experiment.cli import define_config_flag, fail, parse_flags, set_usage, start
+from pfljax.experiment.cli import PARTITION_PACKAGES, define_config_flag, fail, parse_flags, set_usage, start
 
 USAGE = __doc__
 _CONFIG = define_config_flag()
@@ -45,7 +45,7 @@ def table(summary: dict) -> str:
 
 
 def main(argv):
-    start(argv, False)
+    start(argv, False, PARTITION_PACKAGES)
     from absl import logging  # pylint: disable=import-outside-toplevel
 
     from pfljax.experiment import plots  # pylint: disable=import-outside-toplevel

@@ -31,6 +31,47 @@ def test_unknown_tfds_name_raises_naming_dataset(tmp_path):
         load_source("tfds:no_such_set_xyz", data_dir=str(tmp_path))
 
 
+def _stub_tfds(monkeypatch, error):
+    """tensorflow_datasets replaced by a stub whose builder raises `error` (no network,
+    no TensorFlow import); it knows 444 data sets."""
+    import types  # noqa: PLC0415
+
+    names = ["fashion_mnist", "mnist", "kmnist", *[f"set_{i}" for i in range(441)]]
+
+    def builder(name, data_dir=None):
+        raise error
+
+    stub = types.SimpleNamespace(builder=builder, list_builders=lambda: names)
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", stub)
+
+
+def test_unknown_tfds_name_is_one_short_line_with_close_names_and_a_count(monkeypatch, tmp_path):
+    not_found = type("DatasetNotFoundError", (ValueError,), {})
+    listing = "Dataset fashion_mnistt not found.\nAvailable datasets:\n" + "\t- some_set\n" * 450
+    _stub_tfds(monkeypatch, not_found(listing))
+    with pytest.raises(ValueError) as info:
+        load_source("tfds:fashion_mnistt", data_dir=str(tmp_path))
+    assert str(info.value) == (
+        "dataset='tfds:fashion_mnistt' is not a TFDS data set known to tensorflow_datasets "
+        "(did you mean 'fashion_mnist'? 444 known: tfds.list_builders())"
+    )
+    _stub_tfds(monkeypatch, not_found(listing))
+    with pytest.raises(
+        ValueError, match=r"^dataset='tfds:zzzz' is not .* \(444 known: tfds.list_builders\(\)\)$"
+    ):
+        load_source("tfds:zzzz", data_dir=str(tmp_path))
+
+
+def test_other_tfds_builder_errors_keep_their_first_line_only(monkeypatch, tmp_path):
+    _stub_tfds(monkeypatch, ValueError("BuilderConfig nosuchcfg not found.\n" + "\t- cfg\n" * 200))
+    with pytest.raises(ValueError) as info:
+        load_source("tfds:mnist/nosuchcfg", data_dir=str(tmp_path))
+    assert str(info.value) == (
+        "dataset='tfds:mnist/nosuchcfg': tensorflow_datasets cannot build it: "
+        "BuilderConfig nosuchcfg not found."
+    )
+
+
 def sorted_examples(x, y):
     """Rows (label, pixels as uint8) sorted, to compare data sets as sets."""
     pixels = np.round(x.reshape(len(x), -1) * 255).astype(np.uint8)

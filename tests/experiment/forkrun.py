@@ -2,7 +2,8 @@
 
     python -m tests.experiment.forkrun < cases.json > results.json
 
-Each case is {"module": "experiments.main", "args": [...], "cwd": ...}. This
+Each case is {"module": "experiments.main", "args": [...], "cwd": ..., "hide": [...]}
+("hide": modules the child cannot import, as if not installed; optional). This
 process imports JAX, absl, ml_collections and pfljax.experiment once (no JAX
 backend is started here, so forking is safe), then for each case forks a child
 that runs the module exactly as `python -m <module> <args>` would
@@ -31,6 +32,8 @@ def _child(case: dict, out_path: str, err_path: str) -> None:
     code = 0
     try:
         os.chdir(case.get("cwd") or os.getcwd())
+        for name in case.get("hide", ()):  # as if not installed: `import name` fails
+            sys.modules[name] = None
         sys.argv = [case["module"], *case["args"]]
         runpy.run_module(case["module"], run_name="__main__", alter_sys=True)
     except SystemExit as e:

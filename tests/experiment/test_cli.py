@@ -4,7 +4,7 @@ config fields; the partition command; shipped configs from any directory.
 
 The tables run through the real binaries (`python -m experiments.main`,
 `experiments.compare`, `experiments.partition`, `pfljax.experiment.*`): one warm
-interpreter forks a child per case (tests/experiment/forkrun.py), so 70 cases
+interpreter forks a child per case (tests/experiment/forkrun.py), so 80 cases
 take seconds instead of minutes of JAX imports; three cases also run as
 separate `python -m` processes (one from another directory) and must print the same.
 """
@@ -94,6 +94,8 @@ CASES = [
     (MAIN, ["--config.algorithm=pfedla", "--config.pfedla.hn_lr=-1"], ["pfedla", "hn_lr", "> 0"]),
     (MAIN, ["--config.algorithm=fedfac", "--config.fedfac.kappa=0"], ["fedfac.kappa", "(0, 1]"]),
     (MAIN, ["--config.fedprox.mu=nan"], ["fedprox.mu", "> 0", "nan"]),
+    # Once reported as config.fedala.eta=1.0: the option named is the one given.
+    (MAIN, ["--config.algorithm=fedala", "--config.fedala.rand_percent=150"], ["fedala.rand_percent", "150"]),
     (MAIN, ["--config.dp.noise_multiplier=2"], ["dp.noise_multiplier", "dp.enabled is False"]),
     # compare.
     (COMPARE, ["--seeds=a"], ["--seeds=a", "integers"]),
@@ -124,6 +126,15 @@ RUNS = {
     "partition_elsewhere": ("pfljax.experiment.partition_main", ["--config=default"], 0, "{dir}"),
     # 40 samples per client, a cap of 1000 (as 1000 Fashion-MNIST clients under default.py's cap).
     "partition_cap": (PARTITION, ["--config.samples_per_client=1000"], 0, None),
+    # A bare `pip install pfljax` (no experiments extra): the child cannot import HIDDEN[name].
+    "run_no_matplotlib": (MAIN, ["--workdir={dir}/no_mpl"], 2, None),
+    "compare_no_orbax": (COMPARE, ["--workdir={dir}/no_orbax"], 2, None),
+    "partition_no_matplotlib": (PARTITION, ["--outdir={dir}/no_mpl_part"], 2, None),
+}
+HIDDEN = {
+    "run_no_matplotlib": ["matplotlib"],
+    "compare_no_orbax": ["orbax", "orbax.checkpoint"],
+    "partition_no_matplotlib": ["matplotlib"],
 }
 
 
@@ -165,7 +176,8 @@ def results(tmp_path_factory):
     cases = [{"module": b, "args": _argv(b, a, tmp), "cwd": ROOT} for b, a, _ in CASES]
     cases += [
         {"module": b, "args": _argv(b, a, tmp), "cwd": cwd.format(dir=tmp) if cwd else ROOT}
-        for b, a, _, cwd in RUNS.values()
+        | {"hide": HIDDEN.get(name, [])}
+        for name, (b, a, _, cwd) in RUNS.items()
     ]
     proc = subprocess.run(
         [sys.executable, "-m", "tests.experiment.forkrun"],
@@ -225,9 +237,44 @@ def test_help_lists_the_config_fields_and_algorithm_options(results):
             "Config fields" in text and "  learning_rate=None  -- > 0; unset: the optimizer's default" in text
         )
         assert "  fedfac: " in text and "tau_quantile=50.0" in text and "Shipped configs" in text
-        assert "Exit codes: 0 completed, 2 bad input, 3 a run diverged" in text
+        assert "Exit codes: 0 completed, 2 bad input, 3 a run diverged, 4 out of device memory." in text
+        (dp,) = [line for line in text.splitlines() if line.startswith("  dp.<option>=value")]
+        assert "enabled=False" in dp and "noise_multiplier=1.0" in dp and "ConfigDict" not in text
     assert "pfljax-run" in results[3]["main_help"]["stdout"]
     assert "--algorithms" in results[3]["compare_help"]["stdout"]
+
+
+@pytest.mark.parametrize(
+    "name, package",
+    [
+        ("run_no_matplotlib", "matplotlib"),
+        ("compare_no_orbax", "orbax-checkpoint"),
+        ("partition_no_matplotlib", "matplotlib"),
+    ],
+)
+def test_without_the_experiments_extra_one_line_exit_2_nothing_written(results, name, package):
+    res = _run(results, name)
+    assert res["stderr"].strip().splitlines() == [
+        f"error: missing package {package} (the binaries need the experiments extra): "
+        "pip install 'pfljax[experiments]' (in a clone: pip install -e '.[experiments]')"
+    ]
+    written = {
+        "run_no_matplotlib": "no_mpl",
+        "compare_no_orbax": "no_orbax",
+        "partition_no_matplotlib": "no_mpl_part",
+    }
+    assert not os.path.exists(os.path.join(results[0], written[name]))
+
+
+def test_a_missing_package_is_found_without_importing_it(monkeypatch):
+    from pfljax.experiment import cli
+
+    assert not cli.missing_package("tensorboardX") and cli.missing_package("pfljax_no_such_pkg")
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    assert cli.missing_package("tensorboardX")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.require_packages(cli.RUN_PACKAGES)
+    assert exit_info.value.code == 2
 
 
 def test_partition_command_from_another_directory_with_a_shipped_config(results):

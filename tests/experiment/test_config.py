@@ -108,6 +108,30 @@ def test_a_cap_no_client_reaches_is_reported():
     assert C.data_warnings(config, C.make_data(config)) == []
 
 
+def test_a_cap_that_evens_out_a_non_iid_split_is_reported():
+    import types  # noqa: PLC0415
+
+    config = C.base_config()
+    config.partition, config.samples_per_client = "dirichlet", 100
+    clients = [{"train": 80, "test": 20}] * 3 + [{"train": 40, "test": 10}]
+    fed = types.SimpleNamespace(summary={"clients": clients})
+    assert C.data_warnings(config, fed) == [
+        "config.samples_per_client=100 cuts 3 of 4 clients of the 'dirichlet' split to 100 samples "
+        "each, so client sizes are no longer the split's; --config.samples_per_client=0 lifts the cap"
+    ]
+    config.partition = "iid"  # equal sizes are what iid asks for
+    assert C.data_warnings(config, fed) == []
+    config.partition, config.samples_per_client = "dirichlet", 0
+    assert C.data_warnings(config, fed) == []
+    if not C.fashion_mnist_available():
+        return
+    config = C.base_config()
+    config.dataset, config.partition, config.num_clients = "fashion_mnist", "dirichlet", 10
+    config.samples_per_client, config.dirichlet_alpha = 1000, 0.3
+    (line,) = C.data_warnings(config, C.make_data(config))
+    assert line.startswith("config.samples_per_client=1000 cuts 10 of 10 clients of the 'dirichlet' split")
+
+
 def test_an_unknown_tfds_name_is_one_short_line_with_close_names(monkeypatch):
     """TFDS lists all its ~450 data sets in the error: cut to the closest names.
     (tensorflow_datasets is replaced by a stub: importing it takes seconds.)"""
