@@ -64,7 +64,7 @@ def pfllib_runs(logs: str, method: str, seeds: list[str]) -> list[dict]:
     runs = []
     for s in seeds:
         path = os.path.join(logs, f"pfllib_{method}_seed{s}.log")
-        if os.path.exists(path):
+        if os.path.exists(path) and "Average time cost:" in open(path, encoding="utf-8").read():  # finished
             runs.append({"seed": s, **parse_pfllib_log(path)})
     return runs
 
@@ -78,6 +78,8 @@ def pfljax_runs(workdir: str, algorithm: str, seeds: list[str]) -> list[dict]:
         with open(path, encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
         rows = [r for r in rows if "mean_accuracy" in r]
+        if not rows:  # not run yet, or running
+            continue
         runs.append(
             {
                 "seed": s,
@@ -192,21 +194,24 @@ def plot(path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-    fig, axes = plt.subplots(1, len(METHODS), figsize=(4.2 * len(METHODS), 3.6))
+    fig, axes = plt.subplots(1, len(METHODS), figsize=(4.2 * len(METHODS), 3.8))
     for ax, method in zip(axes, METHODS):
-        for label, m in sides(method).items():
-            x = np.arange(m.shape[1]) + (0 if label == "PFLlib" else 1)
-            mu, sd = 100 * m.mean(0), 100 * m.std(0)
-            line = ax.plot(x, mu, marker="o", label=label)[0]
-            ax.fill_between(x, mu - sd, mu + sd, color=line.get_color(), alpha=0.2)
+        data, rounds = sides(method), 1
+        for j, (label, m) in enumerate(data.items()):
+            m = m[:, 1:] if label == "PFLlib" else m  # PFLlib's evaluation 0: the untrained model
+            x = np.arange(1, m.shape[1] + 1) + 0.08 * (j - (len(data) - 1) / 2)
+            mu, sd, rounds = 100 * m.mean(0), 100 * m.std(0), max(rounds, m.shape[1])
+            line = ax.errorbar(x, mu, yerr=sd, marker="o", capsize=4, label=f"{label}, {m.shape[0]} seeds")
             for seed in m:
-                ax.plot(x, 100 * seed, color=line.get_color(), lw=0.6, alpha=0.5)
+                ax.plot(x, 100 * seed, ls="none", marker=".", color=line[0].get_color(), alpha=0.6)
         ax.set_title(f"{method} ({CURVE[method]} models)")
         ax.set_xlabel("updates (PFLlib evaluation r = pfljax round r)")
+        ax.set_xticks(range(1, rounds + 1))
+        ax.set_xlim(0.6, rounds + 0.4)
         ax.set_ylabel("mean test accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("PFLlib vs pfljax, Fashion-MNIST Dir(0.1), 20 clients: mean +- sd (thin: each seed)")
+    fig.suptitle("PFLlib vs pfljax, Fashion-MNIST Dir(0.1), 20 clients: mean +- sd (dots: each seed)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
