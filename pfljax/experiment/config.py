@@ -489,6 +489,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.model={config.model!r}: {e}") from e
 
 
+def _drop_variant_foreign(out, model: str, foreign: list[str], notes: list[str]) -> list[str]:
+    """The algorithm trains its own variant `model` of config.model (Factorized-FL, pFedPara),
+    which lacks some arguments of config.model (e.g. init_scheme): those are dropped from
+    out.model_kwargs with a note (the variant keeps its own parametrization); returns the
+    arguments of neither model."""
+    given = to_plain(out.model_kwargs)
+    base_only = [k for k in foreign if k in model_arguments(out.model)]
+    if base_only:
+        notes.append(
+            f"{out.algorithm} trains model {model!r}, which has no "
+            + ", ".join(f"{k}={given[k]!r}" for k in base_only)
+            + f" (an argument of {out.model!r}): dropped"
+        )
+        kept = {k: out.model_kwargs[k] for k in given if k not in base_only}
+        out.model_kwargs = ml_collections.ConfigDict(kept)
+    return [k for k in foreign if k not in base_only]
+
+
 def resolve(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, list[str]]:
     """(a validated copy of `config` with every "auto"/unset training field filled
     in, notes saying what was filled in and why). `config` is not changed."""
@@ -537,6 +555,9 @@ def resolve(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
                         f"(model {model!r})"
                     )
         foreign = sorted(set(given) - set(accepted))
+        if foreign and model != out.model:
+            foreign = _drop_variant_foreign(out, model, foreign, notes)
+            given = to_plain(out.model_kwargs)
         if foreign:
             if given == to_plain(base_config().model_kwargs):
                 notes.append(

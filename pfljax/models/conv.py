@@ -20,6 +20,31 @@ import jax
 import jax.numpy as jnp
 
 IMPLS = ("auto", "im2col", "native")
+INITS = ("flax", "torch")
+
+
+def kernel_init(init: str = "flax"):
+    """'flax': LeCun normal (std 1 / sqrt(fan_in)); 'torch': torch.nn.Conv2d / Linear's
+    default, kaiming_uniform(a=sqrt(5)) = U(-1 / sqrt(fan_in), 1 / sqrt(fan_in))."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if init == "torch":
+        return nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+    return nn.initializers.lecun_normal()
+
+
+def bias_init(init: str, fan_in: int):
+    """'flax': zeros; 'torch': U(-1 / sqrt(fan_in), 1 / sqrt(fan_in)), fan_in of the layer's kernel."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if init == "flax":
+        return nn.initializers.zeros
+    bound = float(fan_in) ** -0.5
+
+    def uniform(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return uniform
 
 
 def resolve_impl(impl: str) -> str:
@@ -70,7 +95,8 @@ def max_pool(x: jax.Array, window: int = 2) -> jax.Array:
 
 class Conv(nn.Module):
     """Conv layer with leaves `kernel` [kh, kw, Cin, Cout] (lecun normal) and, with
-    `use_bias`, `bias` [Cout] (zeros)."""
+    `use_bias`, `bias` [Cout] (zeros); `init_scheme="torch"`: torch.nn.Conv2d's defaults instead
+    (see `kernel_init`, `bias_init`)."""
 
     features: int
     kernel_size: tuple[int, int] = (5, 5)
@@ -78,13 +104,15 @@ class Conv(nn.Module):
     padding: str = "SAME"
     impl: str = "auto"
     use_bias: bool = True
+    init_scheme: str = "flax"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         shape = (*self.kernel_size, x.shape[-1], self.features)
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), shape)
+        kernel = self.param("kernel", kernel_init(self.init_scheme), shape)
         y = conv2d(x, kernel, strides=self.strides, padding=self.padding, impl=self.impl)
         if not self.use_bias:
             return y
-        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        fan_in = self.kernel_size[0] * self.kernel_size[1] * x.shape[-1]
+        bias = self.param("bias", bias_init(self.init_scheme, fan_in), (self.features,))
         return y + bias.reshape((1,) * (y.ndim - 1) + (-1,))

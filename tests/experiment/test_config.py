@@ -76,6 +76,22 @@ def test_switching_the_model_drops_the_default_mlp_kwargs_only():
         C.resolve(config)
 
 
+def test_a_model_variant_without_an_argument_of_the_model_drops_it_with_a_note():
+    from pfljax.experiment.configs import pfllib_fmnist  # pylint: disable=import-outside-toplevel
+
+    config = pfllib_fmnist.get_config("dir")
+    assert config.model_kwargs.init_scheme == "torch"
+    assert C.resolve(config)[0].model_kwargs.init_scheme == "torch"
+    config.algorithm = "factorized_fl"  # trains factorized_cnn: no init_scheme
+    resolved, notes = C.resolve(config)
+    assert "init_scheme" not in resolved.model_kwargs and resolved.model_kwargs.channels == (32, 64)
+    assert any("factorized_cnn" in n and "init_scheme='torch'" in n and "dropped" in n for n in notes)
+    config.model_kwargs.rank = 2  # an argument of neither: still refused
+    config.algorithm = "fedavg"
+    with pytest.raises(C.ConfigError, match=r"model_kwargs.rank is not an argument of model 'cnn'"):
+        C.resolve(config)
+
+
 def test_the_run_says_which_data_and_why(monkeypatch):
     config = C.base_config()
     config.dataset = "fashion_mnist"

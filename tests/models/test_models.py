@@ -46,3 +46,26 @@ def test_cnn_with_fedavgcnn_sizes_has_pfllib_fedavgcnn_parameter_count():
         "head": {"kernel": (512, 10), "bias": (10,)},
     }
     assert sum(p.size for p in jax.tree_util.tree_leaves(v)) == 582_026
+
+
+def test_cnn_torch_init_scheme_is_torch_default_uniform_and_flax_is_unchanged():
+    # torch.nn.Conv2d / Linear reset_parameters: kaiming_uniform_(a=sqrt(5)) on the weight and
+    # U(-1/sqrt(fan_in), 1/sqrt(fan_in)) on the bias, i.e. both U(+-1/sqrt(fan_in)).
+    kw = {"channels": (32, 64), "dense": (512,), "kernel_size": 5, "padding": "VALID"}
+    key = jax.random.key(0)
+    torch_v = build_model("cnn", (28, 28, 1), 10, init_scheme="torch", **kw).init(key)["params"]
+    fan_in = {"conv_0": 25, "conv_1": 800, "dense_0": 1024, "head": 512}
+    for name, n in fan_in.items():
+        bound = n**-0.5
+        for leaf in ("kernel", "bias"):
+            x = torch_v[name][leaf]
+            assert float(jnp.max(jnp.abs(x))) <= bound
+            if x.size >= 500:  # U(-b, b): std b / sqrt(3)
+                assert abs(float(jnp.std(x)) - bound / 3**0.5) < 0.1 * bound
+    flax_v = build_model("cnn", (28, 28, 1), 10, init_scheme="flax", **kw).init(key)["params"]
+    plain_v = build_model("cnn", (28, 28, 1), 10, **kw).init(key)["params"]
+    chex.assert_trees_all_equal(flax_v, plain_v)
+    assert float(jnp.max(jnp.abs(flax_v["head"]["bias"]))) == 0.0
+    assert abs(float(jnp.std(flax_v["dense_0"]["kernel"])) - 1024**-0.5) < 0.1 * 1024**-0.5
+    with pytest.raises(ValueError, match="init must be one of"):
+        build_model("cnn", (28, 28, 1), 10, init_scheme="jax", **kw).init(key)

@@ -55,8 +55,12 @@ fixture that PFLlib's own generator produced (tests/data/fixtures/, its README s
 Where pfljax differs, and why:
 - batch order: each epoch's shuffle comes from a jax PRNG (seed), not torch's
   RandomSampler; the same batches per epoch (floor(n / 10), full), other samples in them;
-- initialisation: flax's (LeCun-normal kernels, zero biases), not torch's default
-  (Kaiming-uniform with a=sqrt(5), uniform biases), and a jax PRNG instead of torch's;
+- initialisation: torch.nn's default distribution (model_kwargs.init_scheme="torch":
+  kernels and biases U(+-1 / sqrt(fan_in)), as PFLlib's FedAvgCNN) drawn from a jax PRNG
+  instead of torch's; the models of Factorized-FL and pFedPara keep their own
+  initialisation (the option is dropped for them, with a note). flax's default
+  (LeCun-normal kernels, sqrt(3) times wider, zero biases) learned faster than PFLlib in the
+  first rounds (experiments/results/pfllib_differential.md);
 - evaluation time: PFLlib evaluates the models sent to clients at the start of
   rounds 0..2000 (round 0 is the untrained model, the last round's update is never
   evaluated); pfljax evaluates after each round's update, rounds 1..R. For the
@@ -111,7 +115,10 @@ def get_config(arg: str = "dir") -> ml_collections.ConfigDict:
     config.loss = "cross_entropy"
     config.model = "cnn"  # PFLlib's FedAvgCNN for 28x28x1 inputs
     config.model_kwargs = ml_collections.ConfigDict(
-        {"channels": (32, 64), "dense": (512,), "kernel_size": 5, "padding": "VALID"}
+        # torch.nn's default initialisation, as PFLlib's FedAvgCNN starts (flax's LeCun-normal
+        # kernels, sqrt(3) times wider, learn faster in the first rounds: see
+        # experiments/results/pfllib_differential.md)
+        {"channels": (32, 64), "dense": (512,), "kernel_size": 5, "padding": "VALID", "init_scheme": "torch"}
     )
     config.eval_every = 1
     config.checkpoint_every = 50
