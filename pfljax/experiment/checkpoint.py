@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pfljax.experiment.config import RESUMABLE_FIELDS, ConfigError
+from pfljax.experiment.config import RESUMABLE_FIELDS, ConfigError, base_config, to_plain
 
 
 class Checkpoints:
@@ -52,8 +52,11 @@ class Checkpoints:
 
 
 def check_config(saved: dict, current: dict, workdir: str) -> None:
-    """ConfigError unless the configs agree on every field outside RESUMABLE_FIELDS."""
+    """ConfigError unless the configs agree on every field outside RESUMABLE_FIELDS. A
+    field the saved config lacks (added to pfljax since) counts as its default there."""
     saved, current = _flat(saved), _flat(current)
+    defaults = _flat(to_plain(base_config()))
+    saved = {**{k: defaults.get(k) for k in set(current) - set(saved)}, **saved}
     keys = sorted((set(saved) | set(current)) - set(RESUMABLE_FIELDS))
     differ = [k for k in keys if saved.get(k) != current.get(k)]
     if differ:

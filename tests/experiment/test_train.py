@@ -171,6 +171,17 @@ def test_a_diverging_run_stops_at_that_round_and_keeps_its_outputs(tmp_path):
     )
 
 
+def test_a_field_added_since_a_checkpoint_counts_as_its_default():
+    from pfljax.experiment.checkpoint import check_config  # noqa: PLC0415
+    from pfljax.experiment.config import to_plain  # noqa: PLC0415
+
+    current = to_plain(tiny_config(base_config()))
+    saved = {k: v for k, v in current.items() if k not in ("drop_last", "test_split")}
+    check_config(saved, current, "w")  # the new fields at their defaults: resumable
+    with pytest.raises(ConfigError, match="fields differ: test_split: 'stratified' there, 'pfllib' now"):
+        check_config(saved, {**current, "test_split": "pfllib"}, "w")
+
+
 def test_an_exploding_but_finite_loss_is_a_divergence():
     from pfljax.experiment.loop import EXPLODING_LOSS, non_finite  # noqa: PLC0415
 
