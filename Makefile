@@ -28,8 +28,11 @@ demo: $(STAMP)
 	$(PY) -m experiments.compare --config=experiments/configs/default.py --algorithms=fedavg,local \
 		--seeds=0 --workdir=$(WORKDIR)
 
+# The suite in parallel: one pytest-xdist worker per core, at most 4 (each holds its own JAX
+# programs, a few GB); whole test files per worker, so module fixtures are built once.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench --json
