@@ -35,13 +35,19 @@ from pfljax.core.types import ClientArrays, ClientData
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("json", False, "print one JSON object per line")
-flags.DEFINE_list("cases", ["cnn", "mlp"], "cases to run: cnn, mlp, resnet9")
-flags.DEFINE_list("strategies", ["auto"], "client-mapping strategies: auto, vmap, map")
-flags.DEFINE_integer("chunk_size", 0, "lax.map batch_size for strategy=map (0: None)")
-flags.DEFINE_integer("repeats", 3, "timed repetitions (best is reported)")
-flags.DEFINE_enum("conv_impl", "auto", ["auto", "native", "im2col"], "CNN convolution implementation")
-flags.DEFINE_integer("clients", 0, "number of clients (0: the case's own)")
+
+
+def define_flags():
+    """The binary's flags (also those of bench_sweep, bench_sharding, bench_fedfac), defined
+    only when one of them runs: importing the module (experiments.gpu_suite) must not clash."""
+    flags.DEFINE_bool("json", False, "print one JSON object per line")
+    flags.DEFINE_list("cases", ["cnn", "mlp"], "cases to run: cnn, mlp, resnet9")
+    flags.DEFINE_list("strategies", ["auto"], "client-mapping strategies: auto, vmap, map")
+    flags.DEFINE_integer("chunk_size", 0, "lax.map batch_size for strategy=map (0: None)")
+    flags.DEFINE_integer("repeats", 3, "timed repetitions (best is reported)")
+    flags.DEFINE_enum("conv_impl", "auto", ["auto", "native", "im2col"], "CNN convolution implementation")
+    flags.DEFINE_integer("clients", 0, "number of clients (0: the case's own)")
+
 
 CASES = {
     "cnn": dict(model="cnn", input_shape=(28, 28, 1), classes=10, clients=10, rows=1000, steps=50, batch=32),
@@ -69,16 +75,24 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def make_case(name: str):
-    c = dict(CASES[name], clients=FLAGS.clients or CASES[name]["clients"])
-    kwargs = {"hidden": c["hidden"]} if "hidden" in c else {"conv_impl": FLAGS.conv_impl}
-    model = build_model(c["model"], c["input_shape"], c["classes"], **kwargs)
+def make_case(name: str, clients: int = 0, conv_impl: str = "auto", **sizes):
+    """(case dict, model, ClientData of random arrays, LocalTraining) of CASES[name], with
+    `clients` (0: the case's own) and `sizes` (rows, steps, batch, input_shape, hidden,
+    model_kwargs: extra build_model arguments) replacing the case's."""
+    c = dict(CASES[name], **sizes, clients=clients or CASES[name]["clients"])
+    kwargs = {"hidden": c["hidden"]} if "hidden" in c else {"conv_impl": conv_impl}
+    model = build_model(c["model"], c["input_shape"], c["classes"], **kwargs, **c.get("model_kwargs", {}))
     rng = np.random.default_rng(0)
     x = rng.normal(size=(c["clients"], c["rows"], *c["input_shape"])).astype(np.float32)
     y = rng.integers(0, c["classes"], size=(c["clients"], c["rows"])).astype(np.int32)
     arrays = ClientArrays(jnp.asarray(x), jnp.asarray(y), jnp.full((c["clients"],), c["rows"], jnp.int32))
     spec = LocalTraining(optax.sgd(0.01), batch_size=c["batch"], steps=c["steps"], epochs=None)
     return c, model, ClientData(arrays, arrays), spec
+
+
+def flag_case(name: str):
+    """make_case(name) with --clients and --conv_impl."""
+    return make_case(name, FLAGS.clients, FLAGS.conv_impl)
 
 
 def step_flops(model, spec, data) -> float:
@@ -137,7 +151,7 @@ def main(argv):
     for name in FLAGS.cases:
         if name not in CASES:
             raise app.UsageError(f"--cases must be among {sorted(CASES)}, got {name!r}")
-        c, model, data, spec = make_case(name)
+        c, model, data, spec = flag_case(name)
         samples = c["clients"] * c["steps"] * c["batch"]
         flops = step_flops(model, spec, data) * c["clients"] * c["steps"]
         loop_s = bench_loop(model, spec, data, FLAGS.repeats)
@@ -163,4 +177,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -28,7 +28,7 @@ import time  # noqa: E402
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from experiments.bench import make_case  # noqa: E402
+from experiments import bench  # noqa: E402
 from pfljax.algorithms import fedavg, fedfac  # noqa: E402
 
 FLAGS = flags.FLAGS  # --cases, --repeats and --json come from experiments.bench
@@ -61,7 +61,7 @@ def round_runner(alg, data):
 def main(argv):
     del argv
     for name in FLAGS.cases:
-        _, model, data, spec = make_case(name)
+        _, model, data, spec = bench.flag_case(name)
         base = round_runner(fedavg.build(model, spec), data)
         for layer, mode in SPLITS[name]:
             alg = fedfac.build(
@@ -93,4 +93,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    bench.define_flags()
     app.run(main)

@@ -40,7 +40,7 @@ import time  # noqa: E402
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from experiments.bench import make_case  # noqa: E402
+from experiments import bench  # noqa: E402
 from pfljax.algorithms import fedavg  # noqa: E402
 from pfljax.core.clients import ClientMap  # noqa: E402
 from pfljax.sharding import ShardedMap, client_mesh, shard_algorithm  # noqa: E402
@@ -69,7 +69,7 @@ def main(argv):
     del argv
     auto = ClientMap().resolved()
     for name in FLAGS.cases:
-        c, model, data, spec = make_case(name)
+        c, model, data, spec = bench.flag_case(name)
         num = c["clients"]
         one, many = client_mesh(1), client_mesh(FLAGS.devices)
         variants = [
@@ -96,4 +96,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    bench.define_flags()
     app.run(main)

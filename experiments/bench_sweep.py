@@ -33,9 +33,16 @@ from pfljax.algorithms import fedavg
 from pfljax.core import replicas
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("replicas", ["1", "4", "8"], "replica counts R")
-flags.DEFINE_integer("steps", 0, "local steps per round (0: the case's own)")
-flags.DEFINE_enum("strategy", "vmap", ["vmap", "map"], "how the replicas are mapped (pfljax.core.replicas)")
+
+
+def define_flags():
+    """experiments.bench's flags and this binary's, defined only when it runs."""
+    bench.define_flags()
+    flags.DEFINE_list("replicas", ["1", "4", "8"], "replica counts R")
+    flags.DEFINE_integer("steps", 0, "local steps per round (0: the case's own)")
+    flags.DEFINE_enum(
+        "strategy", "vmap", ["vmap", "map"], "how the replicas are mapped (pfljax.core.replicas)"
+    )
 
 
 def _block_time(fn) -> float:
@@ -44,11 +51,9 @@ def _block_time(fn) -> float:
     return time.perf_counter() - t0
 
 
-def run_case(name: str, counts: list[int], repeats: int) -> list[dict]:
-    c, model, data, spec = bench.make_case(name)
-    if FLAGS.steps:
-        spec = spec._replace(steps=FLAGS.steps)
-        c = dict(c, steps=FLAGS.steps)
+def run_case(name: str, counts: list[int], repeats: int, strategy: str = "vmap", **case) -> list[dict]:
+    """One row per R in `counts` for bench.make_case(name, **case), replicas mapped by `strategy`."""
+    c, model, data, spec = bench.make_case(name, **case)
     num = c["clients"]
     alg = fedavg.build(model, spec)
     one_round = jax.jit(alg.round)
@@ -58,7 +63,7 @@ def run_case(name: str, counts: list[int], repeats: int) -> list[dict]:
 
     progs = {}
     for r in counts:
-        reps = replicas.replicate(alg, r, FLAGS.strategy)
+        reps = replicas.replicate(alg, r, strategy)
         states = reps.init(keys[:r], None, num)
         t0 = time.perf_counter()
         fn = jax.jit(reps.round).lower(states, data, keys[:r]).compile()
@@ -90,7 +95,7 @@ def run_case(name: str, counts: list[int], repeats: int) -> list[dict]:
                 "steps": c["steps"],
                 "batch": c["batch"],
                 "replicas": r,
-                "strategy": FLAGS.strategy,
+                "strategy": strategy,
                 "one_run_s": round(one_s, 4),
                 "separate_s": round(sep, 4),
                 "replicas_s": round(rep, 4),
@@ -116,10 +121,13 @@ def main(argv):
     for name in FLAGS.cases:
         if name not in bench.CASES:
             raise app.UsageError(f"--cases must be among {sorted(bench.CASES)}, got {name!r}")
-        for row in run_case(name, counts, FLAGS.repeats):
+        steps = {"steps": FLAGS.steps} if FLAGS.steps else {}
+        case = dict(clients=FLAGS.clients, conv_impl=FLAGS.conv_impl, **steps)
+        for row in run_case(name, counts, FLAGS.repeats, FLAGS.strategy, **case):
             print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
+    define_flags()
     FLAGS.set_default("repeats", 5)
     app.run(main)

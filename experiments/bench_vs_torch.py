@@ -39,6 +39,7 @@ import json
 import os
 import statistics
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -329,26 +330,39 @@ def torch_round(model, global_state: dict, loaders, sizes, epochs: int, lr: floa
 # ---------------------------------------------------------------- one case
 
 
-def client_sizes(num_clients: int, rows: int, split: str, classes: int, seed: int = 0) -> list[int]:
+def client_sizes(
+    num_clients: int, rows: int, split: str, classes: int, seed: int = 0, alpha: float = 0.1
+) -> list[int]:
     if split == "equal":
         return [rows] * num_clients
     labels = np.random.default_rng(seed).integers(0, classes, num_clients * rows)
-    parts = dirichlet(labels, num_clients, seed, alpha=FLAGS.alpha, min_size=1)
+    parts = dirichlet(labels, num_clients, seed, alpha=alpha, min_size=1)
     return [len(p) for p in parts]
 
 
-def run_case(name: str, num_clients: int, split: str, peaks: dict) -> dict:
+class Options(NamedTuple):
+    """run_case's settings (the binary's flags of the same names; rows 0: the case's own)."""
+
+    rows: int = 0
+    epochs: int = 1
+    repeats: int = 3
+    lr: float = 0.01
+    alpha: float = 0.1
+
+
+def run_case(name: str, num_clients: int, split: str, peaks: dict, opts: Options | None = None) -> dict:
     import torch
 
+    opts = opts or Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha)
     spec = CASES[name]
-    rows = FLAGS.rows or spec["rows"]
-    sizes = client_sizes(num_clients, rows, split, spec["classes"])
+    rows = opts.rows or spec["rows"]
+    sizes = client_sizes(num_clients, rows, split, spec["classes"], alpha=opts.alpha)
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=(n, *spec["input_shape"])).astype(np.float32) for n in sizes]
     ys = [rng.integers(0, spec["classes"], n).astype(np.int32) for n in sizes]
 
     model = build_model(spec["model"], spec["input_shape"], spec["classes"], **spec["kwargs"])
-    local = LocalTraining(optax.sgd(FLAGS.lr), batch_size=spec["batch"], epochs=FLAGS.epochs)
+    local = LocalTraining(optax.sgd(opts.lr), batch_size=spec["batch"], epochs=opts.epochs)
     arrays = pad_clients(xs, ys)
     data = ClientData(arrays, arrays)
     alg = fedavg.build(model, local)
@@ -370,27 +384,27 @@ def run_case(name: str, num_clients: int, split: str, peaks: dict) -> dict:
     def torch_once():
         nonlocal gstate
         t0 = time.perf_counter()
-        gstate = torch_round(tmodel, gstate, loaders, sizes, FLAGS.epochs, FLAGS.lr)
+        gstate = torch_round(tmodel, gstate, loaders, sizes, opts.epochs, opts.lr)
         return time.perf_counter() - t0
 
     compile_s = jax_once(0)
     torch_once()
     jt, tt = [], []
-    for r in range(FLAGS.repeats):
+    for r in range(opts.repeats):
         jt.append(jax_once(r + 1))
         tt.append(torch_once())
 
-    samples = FLAGS.epochs * sum(sizes)
+    samples = opts.epochs * sum(sizes)
     fwd = forward_flops(name, spec)
     round_flops = 3.0 * fwd * samples
     jm, tm = statistics.median(jt), statistics.median(tt)
     return {
         "case": name,
         "clients": num_clients,
-        "split": split if split == "equal" else f"dirichlet{FLAGS.alpha}",
+        "split": split if split == "equal" else f"dirichlet{opts.alpha}",
         "rows_min_max": [min(sizes), max(sizes)],
         "batch": spec["batch"],
-        "epochs": FLAGS.epochs,
+        "epochs": opts.epochs,
         "samples": samples,
         "pfljax_s": [round(jm, 4), round(min(jt), 4), round(max(jt), 4)],
         "torch_s": [round(tm, 4), round(min(tt), 4), round(max(tt), 4)],
