@@ -7,12 +7,11 @@
   tolerances. No effect on CPU.
 - A persistent compilation cache: tests rebuild the same small programs many
   times; identical programs then compile once per machine. `make test` runs the
-  suite in parallel (pytest-xdist, one worker per core) sharing that cache: with
-  `filelock` installed (the dev extra) a size cap turns on JAX's file locks, so two
-  workers never read an entry the other is still writing.
+  suite in parallel (pytest-xdist, one worker per core) sharing that cache (an
+  entry read while another worker still writes it fails to load, with a warning,
+  and is compiled again).
 """
 
-import importlib.util
 import os
 
 import jax
@@ -24,5 +23,3 @@ jax.config.update(
     os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".jax_cache")),
 )
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-if importlib.util.find_spec("filelock") is not None:
-    jax.config.update("jax_compilation_cache_max_size", 8 * 2**30)

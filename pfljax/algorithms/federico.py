@@ -84,7 +84,7 @@ from pfljax.core import mixture
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, gather, take
 from pfljax.core.domains import Domain, checked
-from pfljax.core.evaluate import client_sums, means, score_sums
+from pfljax.core.evaluate import client_sums, max_rows, means, score_sums
 from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
 from pfljax.core.losses import Loss, get_loss, masked_mean
 from pfljax.core.round import Participants, federated_round
@@ -294,7 +294,8 @@ def full_losses(hp: FedericoHyper, variables, train: ClientArrays, pairs: Pairs)
         i, j = pair
         v = take(variables, j)
         sums = lambda x, y, valid: score_sums(hp.model.apply(v, x, train=False)[0], y, valid, hp.loss)  # noqa: E731
-        return means(client_sums(sums, lambda r: train.rows(i, r), train.count[i]), train.count[i])["loss"]
+        rows = lambda r: train.rows(i, r)  # noqa: E731
+        return means(client_sums(sums, rows, train.count[i], n_max=max_rows(train)), train.count[i])["loss"]
 
     return hp.client_map(one, (pairs.client, pairs.model)).reshape(pairs.nbrs.shape)
 
@@ -442,7 +443,8 @@ def evaluate(hp: FedericoHyper, state: FedericoState, data: ClientData, key) -> 
             own = score_sums(outs[-1], y, valid, hp.loss)
             return {**mixed, "own_accuracy": own["accuracy"], "own_loss": own["loss"]}
 
-        return means(client_sums(sums, lambda r: test.rows(c, r), test.count[c]), test.count[c])
+        rows = lambda r: test.rows(c, r)  # noqa: E731
+        return means(client_sums(sums, rows, test.count[c], n_max=max_rows(test)), test.count[c])
 
     return hp.client_map(one, jnp.arange(test.count.shape[0]))
 

@@ -110,8 +110,10 @@ def as_client_map(spec: ClientMap | str | Callable | None) -> ClientMap | Callab
 
 def python_loop_map(fn: Callable[[PyTree], PyTree], xs: PyTree) -> PyTree:
     """Reference mapping: a Python loop over rows, results stacked. For tests only;
-    inside jit it unrolls (program size grows with the number of clients)."""
-    return stack([fn(take(xs, i)) for i in range(num_clients(xs))])
+    inside jit it unrolls (program size grows with the number of clients). `fn` is
+    compiled once for all rows (run eagerly, its loops would compile per row)."""
+    one = jax.jit(fn)
+    return stack([one(take(xs, i)) for i in range(num_clients(xs))])
 
 
 def round_keys(key: jax.Array, round_index: jax.Array) -> tuple[jax.Array, jax.Array]:

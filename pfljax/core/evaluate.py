@@ -10,6 +10,10 @@ largest client's. `evaluate_clients` picks the schedule from the client map:
   (each chunk carrying its client id, sums added per client), as a batched while
   loop would run every client to the largest one's chunk count.
 
+Where no client can hold more than one chunk (n_max <= chunk: small test sets),
+every client is one pass of n_max rows, with no loop (the same sums, a smaller
+program).
+
 `evaluate_client` works on ONE client's parameters and arrays (no client axis).
 `summarize` runs on the host (numpy) and gives the figures papers report: mean
 weighted by test size, std, worst 10%.
@@ -76,10 +80,17 @@ def chunk_rows(count: jax.Array, i: jax.Array, chunk: int) -> tuple[jax.Array, j
     return jnp.minimum(r, jnp.maximum(count - 1, 0)), r < count
 
 
-def client_sums(sums_of: Callable, rows_of: Callable, count: jax.Array, chunk: int = EVAL_CHUNK) -> dict:
+def client_sums(
+    sums_of: Callable, rows_of: Callable, count: jax.Array, chunk: int = EVAL_CHUNK, n_max: int | None = None
+) -> dict:
     """Sum of `sums_of(x, y, valid) -> dict` over ONE client's ceil(count / chunk) chunks,
     `rows_of(r [chunk]) -> (x, y)`. A while loop: under lax.map a client runs only its
-    own chunks (under vmap, the batch's largest count, extra chunks masked)."""
+    own chunks (under vmap, the batch's largest count, extra chunks masked). With a
+    static bound `n_max` <= chunk on count: one pass of n_max rows, no loop."""
+    if n_max is not None and n_max <= chunk:
+        r, valid = chunk_rows(count, jnp.int32(0), n_max)
+        sums = sums_of(*rows_of(r), valid)
+        return jax.tree.map(lambda a: jnp.where(count > 0, a, jnp.zeros_like(a)), sums)
 
     def body(carry):
         i, acc = carry
@@ -101,7 +112,8 @@ def evaluate_client(
     def sums(x, y, valid):
         return score_sums(apply_fn(variables, x, train=False)[0], y, valid, loss)
 
-    return means(client_sums(sums, lambda r: (data.x[r], data.y[r]), data.count, chunk), data.count)
+    rows = lambda r: (data.x[r], data.y[r])  # noqa: E731
+    return means(client_sums(sums, rows, data.count, chunk, data.y.shape[0]), data.count)
 
 
 def summarize(per_client: dict, worst_fraction: float = 0.1) -> dict:
@@ -139,7 +151,8 @@ def evaluate_clients(
     `chunk` rows a pass (schedule per client map: see the module docstring)."""
     loss = get_loss(loss)
     client_map = as_client_map(client_map)
-    if isinstance(client_map, ClientMap) and client_map.resolved() == "vmap":
+    n_max = max_rows(test)
+    if isinstance(client_map, ClientMap) and client_map.resolved() == "vmap" and n_max > chunk:
         return evaluate_flat(apply_fn, variables_of, test, loss, chunk)
 
     def one(c):
@@ -149,9 +162,14 @@ def evaluate_clients(
             return score_sums(apply_fn(variables, x, train=False)[0], y, valid, loss)
 
         count = test.count[c]
-        return means(client_sums(sums, lambda r: test.rows(c, r), count, chunk), count)
+        return means(client_sums(sums, lambda r: test.rows(c, r), count, chunk, n_max), count)
 
     return client_map(one, jnp.arange(test.count.shape[0]))
+
+
+def max_rows(test: ClientPool | ClientArrays) -> int:
+    """The static bound on a client's rows: the pool's n_max, or the padded arrays' row axis."""
+    return test.n_max if isinstance(test, ClientPool) else test.y.shape[1]
 
 
 def shared_or_stacked(variables_of: Callable[[jax.Array], dict], num: int) -> tuple[dict, bool]:

@@ -112,6 +112,17 @@ def test_real_rows_match_reference_and_loop(strategy, models, layout, loop_score
         chex.assert_trees_all_close(got, loop_scores[layout], rtol=1e-6)
 
 
+@pytest.mark.parametrize("strategy", ["vmap", "map", "loop"])
+@pytest.mark.parametrize("layout", ["pool", "padded"])
+def test_one_pass_when_no_client_outgrows_a_chunk(strategy, layout):
+    """chunk >= n_max: one pass per client, no chunk loop (lax.map's loop over clients
+    is the only one); same scores."""
+    test = POOL if layout == "pool" else PADDED
+    run = jax.jit(lambda t: evaluate_clients(apply_fn, own, t, MAPS[strategy], chunk=max(COUNTS)))
+    assert run.lower(test).as_text().count("stablehlo.while") == (strategy == "map")
+    check(run(test), reference(own))
+
+
 def test_reference_is_the_old_padded_evaluation():
     old = jax.jit(lambda t: padded_old(own, t))(PADDED)
     check(old, reference(own))
