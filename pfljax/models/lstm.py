@@ -31,7 +31,7 @@ class CharLSTM(nn.Module):
         del train  # no dropout or batch statistics
         h = nn.Embed(self.num_outputs, self.embed, name="embedding")(x.astype(jnp.int32))
         for i, width in enumerate(self.hidden):
-            h = nn.RNN(nn.OptimizedLSTMCell(width), name=f"lstm_{i}")(h)
+            h = nn.RNN(nn.OptimizedLSTMCell(width, name=f"lstm_{i}"))(h)
         if self.last_only:
             h = h[:, -1]
         return nn.Dense(self.num_outputs, name="head")(h)
