@@ -210,9 +210,7 @@ def build_federated_data(
     splits, clients = _split_clients(o, share, maps, model_classes, group_ids, rngs)
     train, test = (pool_clients(*splits[s], share.levels) for s in ("train", "test"))
     input_shape = tuple(int(s) for s in train.x.shape[1:])
-    summary = _summary(o, share.task, source.num_classes, model_classes, input_shape, clients)
-    if share.fixed is not None:
-        summary["test_split"] = "source"  # the source's own per-client test rows
+    summary = _summary(o, share, source.num_classes, model_classes, input_shape, clients)
     return FederatedData(
         ClientData(train, test), model_classes, input_shape, summary, share.truth, summary["task"]
     )
@@ -447,12 +445,13 @@ def _client_summary(c: int, group, labels, label_map, y_train, y_test, model_cla
     }
 
 
-def _summary(o: _Options, task: str, num_classes: int, model_classes: int, input_shape, clients):
-    """FederatedData.summary: the options, the shapes, and the clients' entries."""
-    regression = task == "regression"
+def _summary(o: _Options, share: _Shares, num_classes: int, model_classes: int, input_shape, clients):
+    """FederatedData.summary: the options, the shapes, and the clients' entries
+    (test_split "source": the source's own per-client test rows)."""
+    regression = share.regression
     return {
         "dataset": o.dataset,
-        "task": task,
+        "task": share.task,
         "partition": o.partition,
         "num_clients": o.num_clients,
         "num_classes": model_classes,
@@ -461,7 +460,7 @@ def _summary(o: _Options, task: str, num_classes: int, model_classes: int, input
         "permute_labels": o.permute_labels,
         "num_groups": o.num_groups if o.uses_groups else None,
         "test_fraction": o.test_fraction,
-        "test_split": o.test_split,
+        "test_split": o.test_split if share.fixed is None else "source",
         "seed": o.seed,
         "totals": {"train": sum(c["train"] for c in clients), "test": sum(c["test"] for c in clients)},
         # Source classes in no client's data (random class draws can leave some out).
