@@ -16,7 +16,7 @@ WORKDIR ?= runs/demo/$(DEMO_DATA)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,tfds,experiments]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,tfds,experiments,natural]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -2,7 +2,10 @@
 
 `score` is what `evaluate` reports as `accuracy`: 1 for a correct class
 (cross_entropy); for regression ("mse") it is minus the squared error, so that
-higher is better everywhere.
+higher is better everywhere. "token_cross_entropy" is for sequence targets
+(y int [B, T], logits [B, T, V]; TFF's Shakespeare): each example's loss is the
+mean cross-entropy over its tokens that are not padding (id `PAD_ID`), its score
+the share of those predicted right (an example with no real token scores 0).
 """
 
 from __future__ import annotations
@@ -36,14 +39,28 @@ def _sq(out, y):
     return jnp.mean(err, axis=-1)
 
 
+PAD_ID = 0  # the padding token of sequence targets ("token_cross_entropy")
+
+
+def _token_mean(values, y):
+    """[B] mean of values [B, T] over each row's non-padding tokens."""
+    mask = (y != PAD_ID).astype(jnp.float32)
+    return jnp.sum(values * mask, -1) / jnp.maximum(jnp.sum(mask, -1), 1.0)
+
+
 LOSSES = {
     "cross_entropy": Loss("cross_entropy", _ce, _correct),
     "mse": Loss("mse", _sq, lambda o, y: -_sq(o, y)),
+    "token_cross_entropy": Loss(
+        "token_cross_entropy",
+        lambda o, y: _token_mean(_ce(o, y), y),
+        lambda o, y: _token_mean(_correct(o, y), y),
+    ),
 }
 
 
 def get_loss(name: str | Loss) -> Loss:
-    """Looks a loss up by name ("cross_entropy" or "mse")."""
+    """Looks a loss up by name ("cross_entropy", "mse" or "token_cross_entropy")."""
     if isinstance(name, Loss):
         return name
     if name not in LOSSES:

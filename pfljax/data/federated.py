@@ -15,7 +15,8 @@ stay uint8 codes with a 256-entry table of their float values):
   already per client; only `partition="iid"` is accepted and means "keep the
   generator's clients" (the partition arguments are ignored); the cap and the
   train/test split apply as above (stratified by label; random for
-  real-valued targets).
+  real-valued targets). A per-client source with its own test split
+  (`PerClient.test`: LEAF, TFF) keeps it: no test_fraction split, no cap.
 
 Labels may then be transformed per client: with `partition="groups"` and
 `group_relabel=True` each group's classes are relabelled 0..k-1 (k = K // G,
@@ -61,7 +62,9 @@ class FederatedData(NamedTuple):
       truth: generator parameters of a simulated source, else None.
       task: "classification", or "regression" for a per-client source with
         real-valued targets (y float32 [N, *target]; no label maps,
-        random caps and splits; train with the "mse" loss).
+        random caps and splits; train with the "mse" loss), or "sequence" for
+        integer targets per token (y int32 [N, T], TFF's Shakespeare; train
+        with the "token_cross_entropy" loss).
     """
 
     data: ClientData
@@ -101,8 +104,8 @@ def pool_clients(
     """Every client's rows once, unpadded, as a ClientPool (at the inputs' dtype).
 
     Args:
-      xs: C arrays [n_c, *feature_shape]: float values, or integer codes into
-        `levels` (e.g. uint8 pixels).
+      xs: C arrays [n_c, *feature_shape]: float values, integer codes into
+        `levels` (e.g. uint8 pixels), or (levels None) integer token ids, kept int32.
       ys: C arrays [n_c] (integer labels) or [n_c, *target] (float targets).
       levels: [L] float32 value of each code, or None (xs are float values).
 
@@ -115,7 +118,9 @@ def pool_clients(
     offsets = np.zeros(len(xs), np.int32)
     offsets[order] = np.concatenate([[0], np.cumsum(counts[order])[:-1]]).astype(np.int32)
     y_dtype = np.int32 if np.issubdtype(np.asarray(ys[0]).dtype, np.integer) else np.float32
-    x_dtype = np.float32 if levels is None else np.asarray(xs[0]).dtype
+    x_dtype = np.asarray(xs[0]).dtype
+    if levels is None:  # token ids (text) stay integers, int32; other inputs float32
+        x_dtype = np.int32 if np.issubdtype(x_dtype, np.integer) else np.float32
     x = np.concatenate([np.asarray(xs[c], x_dtype) for c in order])
     y = np.concatenate([np.asarray(ys[c], y_dtype) for c in order])
     if len(x) < n_max:  # only when every client is empty: one zero row
@@ -205,7 +210,7 @@ def build_federated_data(
     splits, clients = _split_clients(o, share, maps, model_classes, group_ids, rngs)
     train, test = (pool_clients(*splits[s], share.levels) for s in ("train", "test"))
     input_shape = tuple(int(s) for s in train.x.shape[1:])
-    summary = _summary(o, share.regression, source.num_classes, model_classes, input_shape, clients)
+    summary = _summary(o, share, source.num_classes, model_classes, input_shape, clients)
     return FederatedData(
         ClientData(train, test), model_classes, input_shape, summary, share.truth, summary["task"]
     )
@@ -251,6 +256,8 @@ class _Shares(NamedTuple):
       regression: whether the targets are real-valued.
       levels: [256] float32 value of each uint8 code of the pools' x, or None
         (x holds the values).
+      fixed: None, or C (train, test) positions into each client's part: the
+        source's own split (PerClient.test), kept instead of drawing one.
     """
 
     pools: list[tuple[np.ndarray, np.ndarray]]
@@ -259,12 +266,22 @@ class _Shares(NamedTuple):
     truth: dict[str, Any] | None
     regression: bool
     levels: np.ndarray | None = None
+    fixed: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+    @property
+    def task(self) -> str:
+        """FederatedData.task: regression (real-valued targets), sequence (integer
+        targets per token) or classification."""
+        if self.regression:
+            return "regression"
+        return "sequence" if np.ndim(self.pools[0][1]) > 1 else "classification"
 
     @property
     def strata(self) -> list[np.ndarray]:
         """What caps and splits are stratified by: each pool's labels (real-valued
-        targets count as one class)."""
-        return [np.zeros(len(y), np.int32) if self.regression else y for _, y in self.pools]
+        and per-token targets count as one class)."""
+        one = self.task != "classification"
+        return [np.zeros(len(y), np.int32) if one else y for _, y in self.pools]
 
 
 def _check_options(o: _Options, spec: sources.SourceSpec) -> None:
@@ -315,6 +332,11 @@ def _client_shares(o: _Options, spec, source, rngs, group_ids) -> _Shares:
         share = _pooled_shares(o, source, rngs, group_ids)
     if o.samples_per_client is None:
         return share
+    if share.fixed is not None:
+        raise ValueError(
+            f"samples_per_client={o.samples_per_client}: dataset={o.dataset!r} has its own train/test "
+            f"split per client, which a cap would cut; use samples_per_client=0 (none)"
+        )
     parts = [
         part.cap_per_client([p], y, o.samples_per_client, rng)[0]
         for p, y in zip(share.parts, share.strata, strict=True)
@@ -332,8 +354,19 @@ def _per_client_shares(o: _Options, source: sources.PerClient) -> _Shares:
             f"permute_labels={o.permute_labels!r}: dataset={o.dataset!r} has real-valued targets, "
             f"so permute_labels must be 'none'."
         )
-    pools = list(zip(source.xs, source.ys, strict=True))
-    return _Shares(pools, [np.arange(len(y)) for y in source.ys], None, source.truth, regression)
+    if source.test is None:
+        pools = list(zip(source.xs, source.ys, strict=True))
+        return _Shares(
+            pools, [np.arange(len(y)) for y in source.ys], None, source.truth, regression, source.levels
+        )
+    n_train = [len(y) for y in source.ys]
+    pools = [
+        (np.concatenate([x, xt]), np.concatenate([y, yt]))
+        for x, y, xt, yt in zip(source.xs, source.ys, *source.test, strict=True)
+    ]
+    fixed = [(np.arange(n), np.arange(n, len(y))) for n, (_, y) in zip(n_train, pools, strict=True)]
+    parts = [np.arange(len(y)) for _, y in pools]
+    return _Shares(pools, parts, None, source.truth, regression, source.levels, fixed)
 
 
 def _pooled_shares(o: _Options, source: sources.Pooled, rngs, group_ids) -> _Shares:
@@ -362,7 +395,7 @@ def _split_clients(o: _Options, share: _Shares, maps, model_classes: int, group_
     splits = {"train": ([], []), "test": ([], [])}
     clients = []
     for c, (idx, (x, y), strata) in enumerate(zip(share.parts, share.pools, share.strata, strict=True)):
-        train_pos, test_pos = _split_one(o, strata[idx], rngs)
+        train_pos, test_pos = _split_one(o, strata[idx], rngs) if share.fixed is None else share.fixed[c]
         for name, pos in (("train", train_pos), ("test", test_pos)):
             targets = y[idx[pos]]
             splits[name][0].append(x[idx[pos]])
@@ -412,11 +445,13 @@ def _client_summary(c: int, group, labels, label_map, y_train, y_test, model_cla
     }
 
 
-def _summary(o: _Options, regression: bool, num_classes: int, model_classes: int, input_shape, clients):
-    """FederatedData.summary: the options, the shapes, and the clients' entries."""
+def _summary(o: _Options, share: _Shares, num_classes: int, model_classes: int, input_shape, clients):
+    """FederatedData.summary: the options, the shapes, and the clients' entries
+    (test_split "source": the source's own per-client test rows)."""
+    regression = share.regression
     return {
         "dataset": o.dataset,
-        "task": "regression" if regression else "classification",
+        "task": share.task,
         "partition": o.partition,
         "num_clients": o.num_clients,
         "num_classes": model_classes,
@@ -425,7 +460,7 @@ def _summary(o: _Options, regression: bool, num_classes: int, model_classes: int
         "permute_labels": o.permute_labels,
         "num_groups": o.num_groups if o.uses_groups else None,
         "test_fraction": o.test_fraction,
-        "test_split": o.test_split,
+        "test_split": o.test_split if share.fixed is None else "source",
         "seed": o.seed,
         "totals": {"train": sum(c["train"] for c in clients), "test": sum(c["test"] for c in clients)},
         # Source classes in no client's data (random class draws can leave some out).
@@ -440,8 +475,9 @@ def unplaced_classes(clients: list[dict], num_classes: int) -> list[int]:
 
 
 def _class_counts(labels: np.ndarray, num_classes: int) -> list[int]:
-    """[K] number of samples of each label (summary only; reads, never changes, the data)."""
-    return np.bincount(np.asarray(labels, np.int64), minlength=num_classes)[:num_classes].tolist()
+    """[K] number of samples (per-token targets: tokens) of each label (summary only;
+    reads, never changes, the data)."""
+    return np.bincount(np.ravel(np.asarray(labels, np.int64)), minlength=num_classes)[:num_classes].tolist()
 
 
 def _partition(o: _Options, labels, num_classes: int, rngs, group_ids):

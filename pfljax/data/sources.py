@@ -54,12 +54,18 @@ class PerClient(NamedTuple):
         regression source, e.g. "sine").
       num_classes: number of classes K (a regression source: its outputs).
       truth: generator parameters (e.g. simulation.simulate_fedfac's) or None.
+      levels: None, or [256] float32 value of each uint8 code of xs (as Pooled's).
+      test: None (build_federated_data splits each client's rows with
+        test_fraction), or the clients' own test rows (xs, ys), kept as they are
+        (natural data sets: LEAF, TFF).
     """
 
     xs: list[np.ndarray]
     ys: list[np.ndarray]
     num_classes: int
     truth: dict[str, Any] | None
+    levels: np.ndarray | None = None
+    test: tuple[list[np.ndarray], list[np.ndarray]] | None = None
 
 
 class SourceSpec(NamedTuple):

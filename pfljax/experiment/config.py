@@ -54,7 +54,9 @@ IDX_DIR = "/usr/share/datasets/fashion-mnist"
 COMMON_BUILD_ARGS = ("model", "local", "clients_per_round", "client_map", "privacy")
 SIMPLE_TYPES = (bool, int, float, str)
 OPTIMIZERS = ("auto", "sgd", "adam", "adamw")
-LOSS_NAMES = ("auto", "cross_entropy", "mse")
+LOSS_NAMES = ("auto", "cross_entropy", "mse", "token_cross_entropy")
+# loss="auto" by the data's task (FederatedData.task).
+AUTO_LOSS = {"classification": "cross_entropy", "regression": "mse", "sequence": "token_cross_entropy"}
 # learning_rate / momentum of each optimizer when the config leaves them unset (None).
 OPTIMIZER_DEFAULTS = {
     "sgd": {"learning_rate": 0.05, "momentum": 0.9},
@@ -140,11 +142,14 @@ RESUMABLE_FIELDS = (
 )
 
 
+# The natural federated data sets (pfljax.data.leaf, pfljax.data.tff_h5): users as clients.
+NATURAL_DATASETS = ("leaf_femnist", "leaf_shakespeare", "tff_emnist", "tff_shakespeare")
 # The `config.source.<option>` fields each built-in source takes (others are refused).
 SOURCE_OPTIONS = {
     "simulation": ("samples_per_client", "d", "m", "p", "alpha", "noise_scale", "label_rule"),
     "fashion_mnist": ("standardize", "pixel_scale"),
     "tfds:": ("splits", "prepare_from", "standardize"),
+    **{name: ("min_samples", "users") for name in NATURAL_DATASETS},
 }
 # Domains of the numeric source options (checked where set).
 SOURCE_DOMAINS = {
@@ -154,13 +159,16 @@ SOURCE_DOMAINS = {
     "p": Domain(0, 1),
     "alpha": Domain(0),
     "noise_scale": Domain(0),
+    "min_samples": Domain(0, integer=True),
 }
 # One line per common field, for --help.
 FIELD_HELP = {
     "algorithm": "one of pfljax.algorithms.available()",
     "seed": "seed of initialization, sampling and (data_seed -1) the data; >= 0",
-    "dataset": "fashion_mnist, simulation or tfds:<name> (default: fashion_mnist where its IDX files are)",
-    "data_dir": "directory of the data files ('' : the source's default)",
+    "dataset": "fashion_mnist, simulation, tfds:<name>, leaf_femnist, leaf_shakespeare, tff_emnist or "
+    "tff_shakespeare (default: fashion_mnist where its IDX files are)",
+    "data_dir": "directory of the data files ('' : the source's default; LEAF: its data/ dir; "
+    "TFF: the .h5 files' dir)",
     "data_seed": "seed of the partition; -1: seed",
     "partition": "iid, dirichlet, shards, classes, dominant, groups, pfllib_dirichlet, pfllib_pathological "
     "(per-client sources: iid)",
@@ -185,7 +193,7 @@ FIELD_HELP = {
     "learning_rate": "> 0; unset: the optimizer's default (sgd 0.05, adam 1e-3)",
     "momentum": "sgd momentum in [0, 1); unset: 0.9 (pfedme: 0, as its paper)",
     "weight_decay": ">= 0",
-    "loss": "auto, cross_entropy, mse",
+    "loss": "auto (by the data's task), cross_entropy, mse, token_cross_entropy",
     "model": "a pfljax.models.MODELS name; model_kwargs go to it",
     "client_map": "auto, vmap, map",
     "chunk_size": ">= 0 (0: no chunks)",
@@ -236,7 +244,9 @@ def source_options() -> ml_collections.ConfigDict:
     can set them: the simulation's (samples_per_client, d, m, p, alpha,
     noise_scale, label_rule), standardize / splits / prepare_from (Fashion-MNIST,
     TFDS), and pixel_scale (Fashion-MNIST: "unit" [0, 1], "symmetric" [-1, 1] as
-    PFLlib's ToTensor + Normalize(0.5, 0.5)). Only the ones set are passed to the source."""
+    PFLlib's ToTensor + Normalize(0.5, 0.5)), min_samples and users (LEAF, TFF: keep
+    users with at least min_samples samples, then the "first" or a "random"
+    num_clients of them). Only the ones set are passed to the source."""
     ph = ml_collections.config_dict.placeholder
     return ml_collections.ConfigDict(
         {
@@ -251,6 +261,8 @@ def source_options() -> ml_collections.ConfigDict:
             "splits": ph(tuple),
             "prepare_from": ph(str),
             "pixel_scale": ph(str),
+            "min_samples": ph(int),
+            "users": ph(str),
         }
     )
 
@@ -600,11 +612,9 @@ def make_optimizer(config) -> optax.GradientTransformation:
 
 
 def make_local(config, task: str = "classification") -> LocalTraining:
-    """LocalTraining from the common fields; loss "auto" follows the data's task."""
+    """LocalTraining from the common fields; loss "auto" follows the data's task (AUTO_LOSS)."""
     steps = config.local_steps or None
-    loss = config.loss
-    if loss == "auto":
-        loss = "mse" if task == "regression" else "cross_entropy"
+    loss = AUTO_LOSS[task] if config.loss == "auto" else config.loss
     return LocalTraining(
         make_optimizer(config),
         batch_size=config.batch_size,
@@ -632,7 +642,7 @@ def data_note(config) -> str:
         )
     if config.dataset.startswith("tfds:"):
         return f"data: TFDS {config.dataset[5:]!r} from {config.data_dir or 'the default TFDS data_dir'}"
-    return f"data: {config.dataset!r}"
+    return f"data: {config.dataset!r}" + (f" from {config.data_dir}" if config.data_dir else "")
 
 
 def _data_error(config, e: BaseException) -> ConfigError:

@@ -10,6 +10,7 @@ from pfljax.models.cnn import CNN
 from pfljax.models.conv import Conv, conv2d, max_pool
 from pfljax.models.factorized import FactorizedCNN, FactorizedMLP
 from pfljax.models.lowrank import LowRankCNN, LowRankMLP
+from pfljax.models.lstm import CharLSTM
 from pfljax.models.mlp import MLP
 from pfljax.models.mlp_bn import MLPBN
 from pfljax.models.resnet import ResNet9
@@ -26,13 +27,14 @@ MODELS: dict[str, Callable[..., Any]] = {
     "factorized_resnet9": lambda **kw: ResNet9(factorized=True, **kw),
     "lowrank_mlp": LowRankMLP,
     "lowrank_cnn": LowRankCNN,
+    "char_lstm": CharLSTM,
 }
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int, **kwargs) -> Model:
     """A Model by name (one of MODELS: MLP, CNN, their BatchNorm versions, ResNet-9,
     the factorized versions (Factorized-FL) and the low-rank Hadamard ones
-    (pFedPara)); kwargs go to the flax module."""
+    (pFedPara), LEAF's Shakespeare character LSTM); kwargs go to the flax module."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {sorted(MODELS)}, got {name!r}")
     module = MODELS[name](num_outputs=num_outputs, **kwargs)
@@ -41,6 +43,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int, **kwa
 
 __all__ = [
     "CNN",
+    "CharLSTM",
     "MLP",
     "MLPBN",
     "MODELS",

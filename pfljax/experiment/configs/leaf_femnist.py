@@ -1,0 +1,41 @@
+"""LEAF's FEMNIST (Caldas et al. 2018): writers as clients, LEAF's CNN.
+
+    python -m pfljax.experiment.main --config=leaf_femnist --config.data_dir=LEAF/data/femnist/data \\
+        --workdir=runs/leaf_femnist
+
+`data_dir` is LEAF's `data/` directory (holding train/ and test/), as
+`./preprocess.sh -s niid --sf 0.05 -k 0 -t sample` in leaf/data/femnist writes it;
+each writer's own train/test split is kept. Model: LEAF's FEMNIST CNN (5x5 conv 32
+SAME + ReLU + 2x2 max-pool, 5x5 conv 64 SAME + ReLU + pool, dense 2048 + ReLU,
+dense 62): the library CNN with channels (32, 64), dense (2048,), SAME padding.
+Training as LEAF's FedAvg baseline: SGD lr 0.004 (LEAF's paper), batch 10, 1 epoch.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from pfljax.experiment.configs import default
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    del arg  # one setting
+    config = default.get_config()
+    config.dataset = "leaf_femnist"
+    config.data_dir = ""  # LEAF's data/femnist/data
+    config.partition = "iid"  # keep the writers as clients
+    config.samples_per_client = 0  # LEAF's own per-writer split, no cap
+    config.num_clients = 100
+    config.clients_per_round = 10
+    config.rounds = 1000
+    config.local_epochs = 1
+    config.batch_size = 10
+    config.optimizer = "sgd"
+    config.learning_rate = 0.004
+    config.momentum = 0.0
+    config.model = "cnn"
+    config.model_kwargs = ml_collections.ConfigDict(
+        {"channels": (32, 64), "dense": (2048,), "kernel_size": 5, "padding": "SAME"}
+    )
+    config.checkpoint_every = 50
+    return config

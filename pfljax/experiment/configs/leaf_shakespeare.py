@@ -1,0 +1,41 @@
+"""LEAF's Shakespeare (Caldas et al. 2018): speaking roles as clients, LEAF's char LSTM.
+
+    python -m pfljax.experiment.main --config=leaf_shakespeare \\
+        --config.data_dir=LEAF/data/shakespeare/data --workdir=runs/leaf_shakespeare
+
+`data_dir` is LEAF's `data/` directory (holding train/ and test/), as
+`./preprocess.sh -s niid --sf 0.2 -k 0 -t sample -tf 0.8` in leaf/data/shakespeare
+writes it. Each sample is 80 characters and the next one (LEAF's 80-character
+vocabulary, pfljax.data.shakespeare): one label per sequence, cross-entropy.
+Model: LEAF's stacked LSTM (embedding 8, two LSTM layers of 256, logits of the next
+character from the last position). Training as LEAF's FedAvg baseline: SGD lr 0.8,
+batch 10, 1 epoch; roles with fewer than 64 samples are left out (min_samples).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from pfljax.experiment.configs import default
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    del arg  # one setting
+    config = default.get_config()
+    config.dataset = "leaf_shakespeare"
+    config.data_dir = ""  # LEAF's data/shakespeare/data
+    config.source.min_samples = 64
+    config.partition = "iid"  # keep the roles as clients
+    config.samples_per_client = 0  # LEAF's own per-role split, no cap
+    config.num_clients = 100
+    config.clients_per_round = 10
+    config.rounds = 500
+    config.local_epochs = 1
+    config.batch_size = 10
+    config.optimizer = "sgd"
+    config.learning_rate = 0.8
+    config.momentum = 0.0
+    config.model = "char_lstm"
+    config.model_kwargs = ml_collections.ConfigDict({"embed": 8, "hidden": (256, 256), "last_only": True})
+    config.checkpoint_every = 50
+    return config

@@ -1,0 +1,77 @@
+"""LEAF / TFF configs end to end: 2 rounds of FedAvg and Ditto on LEAF fixtures, bad files on the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pfljax.experiment import train_and_evaluate
+from pfljax.experiment.configs import leaf_femnist, leaf_shakespeare, tff_emnist, tff_shakespeare
+from tests.experiment.tiny import ROOT
+from tests.naturaldata import write_leaf, write_tff
+
+SIZES = {"u3": (6, 2), "u1": (5, 2), "u2": (1, 1), "u0": (4, 2)}
+
+
+def _tiny(config, root, algorithm):
+    config.data_dir, config.algorithm = root, algorithm
+    config.num_clients, config.clients_per_round, config.rounds = 3, 0, 2
+    config.source.min_samples, config.batch_size, config.checkpoint_every = 3, 4, 2
+    return config
+
+
+# FedAvg on one task and Ditto (personalized) on the other: each run is a compile of
+# its own round (~20 s on a loaded 2-core CPU), so not all four pairs.
+@pytest.mark.parametrize("task,algorithm", [("shakespeare", "fedavg"), ("femnist", "ditto")])
+def test_two_rounds_on_a_leaf_fixture(tmp_path, task, algorithm):
+    root = write_leaf(str(tmp_path / "data"), task, SIZES)
+    if task == "shakespeare":
+        config = _tiny(leaf_shakespeare.get_config(), root, algorithm)
+        config.model_kwargs.embed, config.model_kwargs.hidden = 4, (8,)
+    else:
+        config = _tiny(leaf_femnist.get_config(), root, algorithm)
+        config.model_kwargs.channels, config.model_kwargs.dense = (2, 4), (8,)
+    summary = train_and_evaluate(config, str(tmp_path / "run"), progress=False)
+    assert summary["status"] == "completed" and np.isfinite(summary["final_mean_accuracy"])
+    with open(tmp_path / "run" / "data.json") as f:
+        clients = json.load(f)["clients"]
+    assert [(c["train"], c["test"]) for c in clients] == [(4, 2), (5, 2), (6, 2)]
+
+
+def test_configs_name_their_data_and_models():
+    assert leaf_shakespeare.get_config().model == "char_lstm" and leaf_femnist.get_config().model == "cnn"
+    assert tff_emnist.get_config().dataset == "tff_emnist"
+    assert tff_shakespeare.get_config().model_kwargs.last_only is False
+
+
+def test_missing_or_bad_files_are_one_line_and_exit_2(tmp_path):
+    write_tff(str(tmp_path / "tff"), "shakespeare", SIZES)
+    with open(tmp_path / "tff" / "shakespeare_test.h5", "w") as f:
+        f.write("not hdf5")
+    cases = [
+        (
+            "leaf_femnist",
+            tmp_path / "nothing",
+            "nothing/train: no .json files; expected a LEAF data/ directory",
+        ),
+        ("tff_shakespeare", tmp_path / "tff", "shakespeare_test.h5: not a TFF shakespeare file"),
+    ]
+    argv = lambda name, d: [f"--config={name}", f"--config.data_dir={d}", f"--workdir={tmp_path / name}"]  # noqa: E731
+    runs = [{"module": "experiments.main", "args": argv(name, d), "cwd": ROOT} for name, d, _ in cases]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.experiment.forkrun"],
+        input=json.dumps(runs),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for (_, _, needle), res in zip(cases, json.loads(proc.stdout), strict=True):
+        lines = res["stderr"].strip().splitlines()
+        assert res["rc"] == 2 and len(lines) == 1 and needle in lines[0], res["stderr"][-2000:]
+        assert "Traceback" not in res["stderr"]
