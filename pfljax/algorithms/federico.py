@@ -85,7 +85,7 @@ from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, gather, take
 from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import client_sums, means, score_sums
-from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
+from pfljax.core.local import LocalTraining, batch_schedule, num_scan_steps
 from pfljax.core.losses import Loss, get_loss, masked_mean
 from pfljax.core.round import Participants, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -265,13 +265,23 @@ def objective(hp: FedericoHyper, params, rest, xb, yb, wb):
     return masked_mean(hp.loss.per_example(out, yb), wb), updates
 
 
-def pair_step(hp: FedericoHyper, variables, train: ClientArrays, part: Participants, pairs: Pairs, s):
+def round_batches(hp: FedericoHyper, train: ClientArrays, part: Participants, steps: int):
+    """The participants' minibatches of all M-steps, step axis first: rows [S, K, B],
+    weights [S, K, B], activity [S, K] (step s of client i's local schedule with key
+    part.client_key(i), one epoch order per epoch: `batch_schedule`)."""
+
+    def one(i):
+        return batch_schedule(hp.local, part.client_key(i), train.count[i], train.n_max, steps)
+
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), hp.client_map(one, part.ids))
+
+
+def pair_step(hp: FedericoHyper, variables, train: ClientArrays, pairs: Pairs, batch):
     """Loss [K, n+1], gradients [P, ...], updates [P, ...] and activity [K, n+1]
-    of every pair at M-step s (one mapped call; client i's minibatch is step s
-    of its local schedule with key part.client_key(i))."""
-    n_max, held = train.n_max, pairs.nbrs.shape[1]
-    batch = lambda i: step_batch(hp.local, part.client_key(i), s, train.count[i], n_max)
-    rows, wts, active = hp.client_map(batch, part.ids)  # [K, B], [K, B], [K]
+    of every pair at one M-step (one mapped call), on `batch` = (rows [K, B],
+    weights [K, B], activity [K]), the participants' minibatches of that step."""
+    held = pairs.nbrs.shape[1]
+    rows, wts, active = batch
     grad_fn = jax.value_and_grad(functools.partial(objective, hp), has_aux=True)
 
     def one(pair):
@@ -324,7 +334,8 @@ def initial_estimate(
 
 
 def apply_gradients(hp: FedericoHyper, variables, opt_state, grads, total: jax.Array):
-    """One optimizer step of every model that received positive total weight [C]."""
+    """One optimizer step of every model that received positive total weight [C]
+    (vmapped whatever the client map: one pass over the stacked models)."""
     if hp.m_step == "mean":
         inv = 1.0 / jnp.maximum(total, 1e-30)
         grads = jax.tree.map(lambda g: g * inv.reshape((-1,) + (1,) * (g.ndim - 1)), grads)
@@ -335,7 +346,7 @@ def apply_gradients(hp: FedericoHyper, variables, opt_state, grads, total: jax.A
         new = (optax.apply_updates(params, upd), new_opt)
         return jax.tree.map(lambda a, b: jnp.where(go, a, b), new, (params, opt))
 
-    new_params, new_opt = hp.client_map(one, (grads, opt_state, variables["params"], total > 0))
+    new_params, new_opt = jax.vmap(one)((grads, opt_state, variables["params"], total > 0))
     return {**variables, "params": new_params}, new_opt
 
 
@@ -364,11 +375,12 @@ def weighted_pair_loss(held_posterior, loss, active) -> jax.Array:
     return jnp.sum(client_loss * has) / jnp.maximum(jnp.sum(has), 1)
 
 
-def m_step(hp: FedericoHyper, train: ClientArrays, part: Participants, pairs: Pairs, carry, s):
+def m_step(hp: FedericoHyper, train: ClientArrays, part: Participants, pairs: Pairs, carry, xs):
     """Scan body: M-step s on the current models (E-step first at s = 0 with
-    estep_data="batch"); carry (variables, opt_state, Estimate)."""
+    estep_data="batch"); carry (variables, opt_state, Estimate), xs (s, its batch)."""
     variables, opt_state, estimate = carry
-    loss, grads, updates, active = pair_step(hp, variables, train, part, pairs, s)
+    s, batch = xs
+    loss, grads, updates, active = pair_step(hp, variables, train, pairs, batch)
     if hp.estep_data == "batch":  # E-step on the round's first minibatch
         new = e_step(hp, estimate, loss, active, pairs)
         estimate = jax.tree.map(lambda a, b: jnp.where(s == 0, a, b), new, estimate)
@@ -411,7 +423,8 @@ def step(hp: FedericoHyper, state: FedericoState, data: ClientData, part: Partic
     estimate = initial_estimate(hp, state, data.train, part, pairs)
     carry = (state.client_params, state.client_opt_state, estimate)
     body = functools.partial(m_step, hp, data.train, part, pairs)
-    (variables, opt_state, estimate), step_losses = jax.lax.scan(body, carry, jnp.arange(steps))
+    xs = (jnp.arange(steps), round_batches(hp, data.train, part, steps))
+    (variables, opt_state, estimate), step_losses = jax.lax.scan(body, carry, xs)
     new_state = store_estimate(state, estimate, part)
     new_state = new_state._replace(client_params=variables, client_opt_state=opt_state)
     return new_state, None, round_metrics(hp, new_state.client_posterior, step_losses, part.k, steps)
