@@ -51,12 +51,18 @@ K * n * S * gradient bytes (the "params" collection only)), `participants`,
 groups.
 
 The round is a custom step of `pfljax.core.round.federated_round`, which
-samples the K participants and the keys. All (client, neighbour) pairs of a
-round, K * (n + 1) of them (`round_pairs`), are computed in one mapped call per
-M-step (`pair_step`): the pair function indexes the neighbour's model inside
-the map (under "vmap" this gathers [K * (n + 1), ...] model copies; under "map"
-each pair slices one model, no copy). Per-pair gradients [K * (n + 1), ...] are
-then weighted and scatter-added to their owners with `jax.ops.segment_sum`.
+samples the K participants and the keys. The participants' minibatches of all
+S M-steps are drawn first (`round_batches`, one epoch order per epoch), then the
+E-step (`initial_estimate`: the losses on the first minibatches, or on all rows),
+so the posterior weights are known before the M-steps. All (client, neighbour)
+pairs of a round, K * (n + 1) of them (`round_pairs`), are computed in one mapped
+call per M-step (`pair_step`): the pair function indexes the neighbour's model
+inside the map (under "vmap" this gathers [K * (n + 1), ...] model copies; under
+"map" each pair slices one model, no copy). Under "map" (one client at a time,
+the CPU default) each pair's weighted gradient is added to its model's row as it
+comes; otherwise the per-pair gradients [K * (n + 1), ...] are weighted and
+scatter-added to their models with `jax.ops.segment_sum` (the same sums, in the
+same order).
 
 Choices the paper leaves open (documented, configurable where it matters):
 a model's loss estimate starts at its first observed loss and models a
