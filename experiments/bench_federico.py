@@ -1,14 +1,17 @@
 """FedeRiCo round time relative to FedAvg, and the memory of the neighbour models.
 
     python -m experiments.bench_federico [--json] [--clients=8,100] [--neighbours=3,all]
-        [--steps=5] [--strategies=auto]
+        [--steps=5] [--strategies=auto] [--repeats=5] [--donate]
 
 For each number of clients C and neighbours n (an integer, or "all" = C - 1) it
 times one jitted FedeRiCo round and one FedAvg round with the same local steps
-(best of --repeats, after compilation), on the MLP of experiments/bench.py's
-"mlp" case (d=100, 200 hidden units, 2 classes, 400 rows per client, batch 32).
-FedeRiCo computes C * (n + 1) (client, model) gradients per step where FedAvg
-computes C, so its round should cost about (n + 1) times FedAvg's.
+and optimizer (Adam), interleaved (median of --repeats, after compilation;
+`timing.compare_rounds`), on the MLP of experiments/bench.py's "mlp" case
+(d=100, 200 hidden units, 2 classes, 400 rows per client, batch 32). FedeRiCo
+computes C * (n + 1) (client, model) gradients per step where FedAvg computes C,
+so its round should cost about (n + 1) times FedAvg's; `over_fedavg` is the
+ratio, against the target TARGET (issue 28, n = 3 at C = 100). --donate donates
+the state to the round as `pfljax.experiment.train` does.
 
 Memory: the per-pair gradients [C * (n + 1), ...] (and, with --strategies=vmap,
 the gathered neighbour models of the same size) are reported as
@@ -39,7 +42,9 @@ flags.DEFINE_list("neighbours", ["3", "all"], "neighbours n per client (an integ
 flags.DEFINE_integer("steps", 5, "local (M-) steps per round")
 flags.DEFINE_integer("rows", 400, "training rows per client")
 flags.DEFINE_list("strategies", ["auto"], "client-mapping strategies: auto, vmap, map")
-flags.DEFINE_integer("repeats", 3, "timed repetitions (best is reported)")
+flags.DEFINE_integer("repeats", 5, "timed rounds of each algorithm, interleaved (median reported)")
+flags.DEFINE_bool("donate", False, "donate the state to the round (as training does)")
+TARGET = 5.0  # FedeRiCo over FedAvg at C = 100, n = 3 (issue 28)
 
 
 def make_data(num_clients: int, rows: int, dim: int = 100, classes: int = 2) -> ClientData:
@@ -50,12 +55,6 @@ def make_data(num_clients: int, rows: int, dim: int = 100, classes: int = 2) -> 
     return ClientData(arrays, arrays)
 
 
-def time_round(alg, num_clients: int, data: ClientData, repeats: int) -> tuple[float, float, int]:
-    """(compile seconds, best round seconds, XLA temp bytes) of one jitted round."""
-    res = timing.time_round(alg, data, repeats)
-    return res["compile_s"], res["round_s"], res["memory"].get("round_temp_bytes", 0)
-
-
 def main(argv):
     del argv
     model = build_model("mlp", (100,), 2, hidden=(200,))
@@ -64,37 +63,49 @@ def main(argv):
     for num in (int(c) for c in FLAGS.clients):
         data = make_data(num, FLAGS.rows)
         for strategy in FLAGS.strategies:
-            base = fedavg.build(model, spec, client_map=strategy)
-            fa_compile, fa_round, fa_temp = time_round(base, num, data, FLAGS.repeats)
-            for spec_n in FLAGS.neighbours:
-                n = num - 1 if spec_n == "all" else int(spec_n)
-                alg = federico.build(model, spec, neighbours=n, client_map=strategy)
-                fr_compile, fr_round, fr_temp = time_round(alg, num, data, FLAGS.repeats)
-                row = {
-                    "clients": num,
-                    "neighbours": n,
-                    "strategy": strategy,
-                    "steps": FLAGS.steps,
-                    "fedavg_round_s": round(fa_round, 4),
-                    "federico_round_s": round(fr_round, 4),
-                    "ratio": round(fr_round / fa_round, 2),
-                    "pairs": num * (n + 1),
-                    "pair_bytes": num * (n + 1) * model_bytes,
-                    "fedavg_temp_bytes": fa_temp,
-                    "federico_temp_bytes": fr_temp,
-                    "fedavg_compile_s": round(fa_compile, 2),
-                    "federico_compile_s": round(fr_compile, 2),
-                }
-                if FLAGS.json:
-                    print(json.dumps(row), flush=True)
-                else:
-                    print(
-                        f"C={num:4d} n={n:3d} {strategy:5s}: FedAvg {fa_round * 1e3:8.1f} ms, "
-                        f"FedeRiCo {fr_round * 1e3:9.1f} ms (x{row['ratio']:.1f}; {row['pairs']} pairs); "
-                        f"pair tensors {row['pair_bytes'] / 2**20:8.1f} MiB; XLA temp "
-                        f"{fa_temp / 2**20:.1f} / {fr_temp / 2**20:.1f} MiB",
-                        flush=True,
-                    )
+            sizes = [num - 1 if spec_n == "all" else int(spec_n) for spec_n in FLAGS.neighbours]
+            algs = {"fedavg": fedavg.build(model, spec, client_map=strategy)}
+            algs.update({n: federico.build(model, spec, neighbours=n, client_map=strategy) for n in sizes})
+            res = timing.compare_rounds(algs, data, FLAGS.repeats, FLAGS.donate)
+            for n in sizes:
+                emit(row(res["fedavg"], res[n], num, n, strategy, model_bytes))
+
+
+def row(base: dict, res: dict, num: int, n: int, strategy: str, model_bytes: int) -> dict:
+    """One result line: round times, their ratio against TARGET, pair tensors, temporaries."""
+    ratio = res["round_s"] / base["round_s"]
+    return {
+        "clients": num,
+        "neighbours": n,
+        "strategy": strategy,
+        "steps": FLAGS.steps,
+        "donate": FLAGS.donate,
+        "fedavg_round_s": round(base["round_s"], 4),
+        "federico_round_s": round(res["round_s"], 4),
+        "over_fedavg": round(ratio, 2),
+        "target": f"<= {TARGET}",
+        "met": ratio <= TARGET,
+        "pairs": num * (n + 1),
+        "pair_bytes": num * (n + 1) * model_bytes,
+        "fedavg_temp_bytes": base["memory"].get("round_temp_bytes", 0),
+        "federico_temp_bytes": res["memory"].get("round_temp_bytes", 0),
+        "fedavg_compile_s": round(base["compile_s"], 2),
+        "federico_compile_s": round(res["compile_s"], 2),
+    }
+
+
+def emit(r: dict) -> None:
+    if FLAGS.json:
+        print(json.dumps(r), flush=True)
+        return
+    print(
+        f"C={r['clients']:4d} n={r['neighbours']:3d} {r['strategy']:5s}: FedAvg "
+        f"{r['fedavg_round_s'] * 1e3:8.1f} ms, FedeRiCo {r['federico_round_s'] * 1e3:9.1f} ms "
+        f"(over_fedavg {r['over_fedavg']:.2f}, target {r['target']}, met {r['met']}; {r['pairs']} pairs); "
+        f"pair tensors {r['pair_bytes'] / 2**20:8.1f} MiB; XLA temp "
+        f"{r['fedavg_temp_bytes'] / 2**20:.1f} / {r['federico_temp_bytes'] / 2**20:.1f} MiB",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

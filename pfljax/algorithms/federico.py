@@ -51,12 +51,18 @@ K * n * S * gradient bytes (the "params" collection only)), `participants`,
 groups.
 
 The round is a custom step of `pfljax.core.round.federated_round`, which
-samples the K participants and the keys. All (client, neighbour) pairs of a
-round, K * (n + 1) of them (`round_pairs`), are computed in one mapped call per
-M-step (`pair_step`): the pair function indexes the neighbour's model inside
-the map (under "vmap" this gathers [K * (n + 1), ...] model copies; under "map"
-each pair slices one model, no copy). Per-pair gradients [K * (n + 1), ...] are
-then weighted and scatter-added to their owners with `jax.ops.segment_sum`.
+samples the K participants and the keys. The participants' minibatches of all
+S M-steps are drawn first (`round_batches`, one epoch order per epoch), then the
+E-step (`initial_estimate`: the losses on the first minibatches, or on all rows),
+so the posterior weights are known before the M-steps. All (client, neighbour)
+pairs of a round, K * (n + 1) of them (`round_pairs`), are computed in one mapped
+call per M-step (`pair_step`): the pair function indexes the neighbour's model
+inside the map (under "vmap" this gathers [K * (n + 1), ...] model copies; under
+"map" each pair slices one model, no copy). Under "map" (one client at a time,
+the CPU default) each pair's weighted gradient is added to its model's row as it
+comes; otherwise the per-pair gradients [K * (n + 1), ...] are weighted and
+scatter-added to their models with `jax.ops.segment_sum` (the same sums, in the
+same order).
 
 Choices the paper leaves open (documented, configurable where it matters):
 a model's loss estimate starts at its first observed loss and models a
@@ -85,7 +91,7 @@ from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, gather, take
 from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import client_sums, max_rows, means, score_sums
-from pfljax.core.local import LocalTraining, num_scan_steps, step_batch
+from pfljax.core.local import LocalTraining, batch_schedule, num_scan_steps
 from pfljax.core.losses import Loss, get_loss, masked_mean
 from pfljax.core.round import Participants, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -265,13 +271,20 @@ def objective(hp: FedericoHyper, params, rest, xb, yb, wb):
     return masked_mean(hp.loss.per_example(out, yb), wb), updates
 
 
-def pair_step(hp: FedericoHyper, variables, train: ClientArrays, part: Participants, pairs: Pairs, s):
-    """Loss [K, n+1], gradients [P, ...], updates [P, ...] and activity [K, n+1]
-    of every pair at M-step s (one mapped call; client i's minibatch is step s
-    of its local schedule with key part.client_key(i))."""
-    n_max, held = train.n_max, pairs.nbrs.shape[1]
-    batch = lambda i: step_batch(hp.local, part.client_key(i), s, train.count[i], n_max)
-    rows, wts, active = hp.client_map(batch, part.ids)  # [K, B], [K, B], [K]
+def round_batches(hp: FedericoHyper, train: ClientArrays, part: Participants, steps: int):
+    """The participants' minibatches of all M-steps, step axis first: rows [S, K, B],
+    weights [S, K, B], activity [S, K] (step s of client i's local schedule with key
+    part.client_key(i), one epoch order per epoch: `batch_schedule`)."""
+
+    def one(i):
+        return batch_schedule(hp.local, part.client_key(i), train.count[i], train.n_max, steps)
+
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), hp.client_map(one, part.ids))
+
+
+def pair_function(hp: FedericoHyper, variables, train: ClientArrays, with_grad: bool = True) -> Callable:
+    """pair (client i, model j, rows [B], weights [B]) -> the minibatch loss of model j on
+    client i's rows and, with_grad, its gradient and collection updates (train mode)."""
     grad_fn = jax.value_and_grad(functools.partial(objective, hp), has_aux=True)
 
     def one(pair):
@@ -279,12 +292,60 @@ def pair_step(hp: FedericoHyper, variables, train: ClientArrays, part: Participa
         v = take(variables, j)
         rest = {c: v[c] for c in v if c != "params"}
         xb, yb = train.rows(i, r)
+        if not with_grad:
+            return objective(hp, v["params"], rest, xb, yb, w)[0]
         (loss, updates), grads = grad_fn(v["params"], rest, xb, yb, w)
         return loss, grads, updates
 
-    args = (pairs.client, pairs.model, jnp.repeat(rows, held, axis=0), jnp.repeat(wts, held, axis=0))
-    loss, grads, updates = hp.client_map(one, args)
-    return loss.reshape(pairs.nbrs.shape), grads, updates, jnp.repeat(active, held).reshape(pairs.nbrs.shape)
+    return one
+
+
+def pair_args(pairs: Pairs, batch) -> tuple:
+    """The pair function's inputs [P, ...] of the step whose participants' minibatches
+    are `batch` = (rows [K, B], weights [K, B], activity [K])."""
+    held = pairs.nbrs.shape[1]
+    rows, wts, _ = batch
+    return pairs.client, pairs.model, jnp.repeat(rows, held, axis=0), jnp.repeat(wts, held, axis=0)
+
+
+def pair_activity(pairs: Pairs, batch) -> jax.Array:
+    """[K, n+1]: each pair is active when its client's step is."""
+    return jnp.repeat(batch[2], pairs.nbrs.shape[1]).reshape(pairs.nbrs.shape)
+
+
+def sequential(client_map: Callable) -> bool:
+    """True for a lax.map over single clients (the CPU default)."""
+    return isinstance(client_map, ClientMap) and client_map.resolved() == "map" and not client_map.chunk_size
+
+
+def variables_count(variables) -> int:
+    """C, the models' leading axis."""
+    return jax.tree.leaves(variables["params"])[0].shape[0]
+
+
+def pair_step(hp: FedericoHyper, variables, train: ClientArrays, pairs: Pairs, batch, coef: jax.Array):
+    """One M-step's pairs: loss [K, n+1], the gradients g_j = sum of coef [K, n+1] times
+    the pair gradients of model j ([C, ...], `combine_gradients`), the total weight [C]
+    and the pair updates [P, ...]. Under a sequential map each pair's weighted gradient
+    is added to its model's row as it comes (a scan: no [P, ...] gradients); otherwise
+    one mapped call gives the [P, ...] gradients, then their segment sum."""
+    one, args, num = pair_function(hp, variables, train), pair_args(pairs, batch), variables_count(variables)
+    weights = coef.reshape(-1)
+    if not sequential(hp.client_map):
+        loss, grads, updates = hp.client_map(one, args)
+        summed, total = combine_gradients(grads, weights, pairs.model, num)
+        return loss.reshape(coef.shape), summed, total, updates
+
+    def add(acc, xs):
+        pair, w = xs
+        loss, grads, updates = one(pair)
+        acc = jax.tree.map(lambda a, g: a.at[pair[1]].add(w.astype(g.dtype) * g), acc, grads)
+        return acc, (loss, updates)
+
+    zeros = jax.tree.map(jnp.zeros_like, variables["params"])
+    summed, (loss, updates) = jax.lax.scan(add, zeros, (args, weights))
+    total = jax.ops.segment_sum(weights, pairs.model, num_segments=num)
+    return loss.reshape(coef.shape), summed, total, updates
 
 
 def full_losses(hp: FedericoHyper, variables, train: ClientArrays, pairs: Pairs) -> jax.Array:
@@ -313,19 +374,24 @@ def e_step(hp: FedericoHyper, estimate: Estimate, pair_loss, observed_mask, pair
 
 
 def initial_estimate(
-    hp: FedericoHyper, state: FedericoState, train: ClientArrays, part: Participants, pairs: Pairs
+    hp: FedericoHyper, state: FedericoState, train: ClientArrays, part: Participants, pairs: Pairs, batch
 ) -> Estimate:
-    """The participants' Estimate rows, after the full-data E-step with estep_data="full"."""
+    """The participants' Estimate rows after the round's E-step: on all training rows
+    (estep_data="full", eval mode), or on the first M-step's minibatches `batch` (train
+    mode: the losses of the models before any M-step, where the step's pairs are active)."""
     ids = part.ids
     estimate = Estimate(state.client_losses[ids], state.client_seen[ids], state.client_posterior[ids])
     if hp.estep_data == "full":
         has_data = jnp.broadcast_to((train.count[ids] > 0)[:, None], pairs.nbrs.shape)
-        estimate = e_step(hp, estimate, full_losses(hp, state.client_params, train, pairs), has_data, pairs)
-    return estimate
+        return e_step(hp, estimate, full_losses(hp, state.client_params, train, pairs), has_data, pairs)
+    one = pair_function(hp, state.client_params, train, with_grad=False)
+    loss = hp.client_map(one, pair_args(pairs, batch)).reshape(pairs.nbrs.shape)
+    return e_step(hp, estimate, loss, pair_activity(pairs, batch), pairs)
 
 
 def apply_gradients(hp: FedericoHyper, variables, opt_state, grads, total: jax.Array):
-    """One optimizer step of every model that received positive total weight [C]."""
+    """One optimizer step of every model that received positive total weight [C]
+    (vmapped whatever the client map: one pass over the stacked models)."""
     if hp.m_step == "mean":
         inv = 1.0 / jnp.maximum(total, 1e-30)
         grads = jax.tree.map(lambda g: g * inv.reshape((-1,) + (1,) * (g.ndim - 1)), grads)
@@ -336,7 +402,7 @@ def apply_gradients(hp: FedericoHyper, variables, opt_state, grads, total: jax.A
         new = (optax.apply_updates(params, upd), new_opt)
         return jax.tree.map(lambda a, b: jnp.where(go, a, b), new, (params, opt))
 
-    new_params, new_opt = hp.client_map(one, (grads, opt_state, variables["params"], total > 0))
+    new_params, new_opt = jax.vmap(one)((grads, opt_state, variables["params"], total > 0))
     return {**variables, "params": new_params}, new_opt
 
 
@@ -365,20 +431,17 @@ def weighted_pair_loss(held_posterior, loss, active) -> jax.Array:
     return jnp.sum(client_loss * has) / jnp.maximum(jnp.sum(has), 1)
 
 
-def m_step(hp: FedericoHyper, train: ClientArrays, part: Participants, pairs: Pairs, carry, s):
-    """Scan body: M-step s on the current models (E-step first at s = 0 with
-    estep_data="batch"); carry (variables, opt_state, Estimate)."""
-    variables, opt_state, estimate = carry
-    loss, grads, updates, active = pair_step(hp, variables, train, part, pairs, s)
-    if hp.estep_data == "batch":  # E-step on the round's first minibatch
-        new = e_step(hp, estimate, loss, active, pairs)
-        estimate = jax.tree.map(lambda a, b: jnp.where(s == 0, a, b), new, estimate)
+def m_step(hp: FedericoHyper, train: ClientArrays, part: Participants, pairs: Pairs, estimate, carry, batch):
+    """Scan body: one M-step on the current models with the round's posterior rows
+    (`estimate`, after the E-step); carry (variables, opt_state), batch its minibatches."""
+    variables, opt_state = carry
+    active = pair_activity(pairs, batch)
     held = estimate.posterior[jnp.arange(pairs.nbrs.shape[0])[:, None], pairs.nbrs]  # w_ij [K, n+1]
     coef = held * pairs.scale[:, None] * active
-    summed, total = combine_gradients(grads, coef.reshape(-1), pairs.model, part.num_clients)
+    loss, summed, total, updates = pair_step(hp, variables, train, pairs, batch, coef)
     variables, opt_state = apply_gradients(hp, variables, opt_state, summed, total)
     variables = owner_statistics(variables, updates, active, part)
-    return (variables, opt_state, estimate), weighted_pair_loss(held, loss, active)
+    return (variables, opt_state), weighted_pair_loss(held, loss, active)
 
 
 def store_estimate(state: FedericoState, estimate: Estimate, part: Participants) -> FedericoState:
@@ -409,10 +472,11 @@ def step(hp: FedericoHyper, state: FedericoState, data: ClientData, part: Partic
     """The round's step for `federated_round`: neighbours, E-step, S M-steps."""
     pairs = round_pairs(hp, state, data, part)
     steps = num_scan_steps(hp.local, data.train.n_max)
-    estimate = initial_estimate(hp, state, data.train, part, pairs)
-    carry = (state.client_params, state.client_opt_state, estimate)
-    body = functools.partial(m_step, hp, data.train, part, pairs)
-    (variables, opt_state, estimate), step_losses = jax.lax.scan(body, carry, jnp.arange(steps))
+    batches = round_batches(hp, data.train, part, steps)
+    estimate = initial_estimate(hp, state, data.train, part, pairs, jax.tree.map(lambda x: x[0], batches))
+    body = functools.partial(m_step, hp, data.train, part, pairs, estimate)
+    carry = (state.client_params, state.client_opt_state)
+    (variables, opt_state), step_losses = jax.lax.scan(body, carry, batches)
     new_state = store_estimate(state, estimate, part)
     new_state = new_state._replace(client_params=variables, client_opt_state=opt_state)
     return new_state, None, round_metrics(hp, new_state.client_posterior, step_losses, part.k, steps)

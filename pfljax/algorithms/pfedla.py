@@ -96,6 +96,7 @@ from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
 
 PyTree = Any
+HIGHEST = jax.lax.Precision.HIGHEST
 NORMALIZATIONS = ("relu_normalize", "softmax")
 HN_OPTIMIZERS = ("sgd", "adam")
 HN_SIGNS = ("descent", "code")
@@ -155,6 +156,71 @@ def layer_mix(alpha: jax.Array, client_params: PyTree, groups: PyTree) -> PyTree
         return out.reshape((alpha.shape[0],) + x.shape[1:])
 
     return jax.tree.map(one, groups, client_params)
+
+
+MIX_CHUNK_BYTES = 1 << 20  # about this many bytes of the [N, chunk] models per chunk
+
+
+def _chunked(fn: Callable, init: jax.Array, x: jax.Array, ref: jax.Array) -> jax.Array:
+    """Folds fn(acc, x[:, cols] - ref[cols], cols, fresh) over column chunks of x [N, P]
+    (the last chunk ends at P and overlaps the one before: `fresh` [width] marks the
+    columns no earlier chunk covered). One chunk, no loop, when P is small."""
+    n, p = x.shape
+    width = min(p, max(8, MIX_CHUNK_BYTES // (4 * n)))
+
+    def body(acc, i):
+        start = jnp.minimum(i * width, p - width)
+        cols = (start, width)
+        diff = (
+            jax.lax.dynamic_slice_in_dim(x, start, width, 1) - jax.lax.dynamic_slice_in_dim(ref, *cols)[None]
+        )
+        return fn(acc, diff, cols, start + jnp.arange(width) >= i * width), None
+
+    return jax.lax.scan(body, init, jnp.arange(-(-p // width)))[0]
+
+
+def diff_mix(a: jax.Array, x: jax.Array, ref: jax.Array) -> jax.Array:
+    """ref + a @ (x - ref): a [K, N], x [N, P], ref [P] -> [K, P], chunked over P."""
+
+    def one(out, diff, cols, fresh):
+        del fresh  # an overlapping column is written again with the same value
+        mixed = jax.lax.dynamic_slice_in_dim(ref, *cols)[None] + jnp.dot(a, diff, precision=HIGHEST)
+        return jax.lax.dynamic_update_slice_in_dim(out, mixed, cols[0], 1)
+
+    return _chunked(one, jnp.zeros((a.shape[0], x.shape[1]), x.dtype), x, ref)
+
+
+def diff_dots(d: jax.Array, x: jax.Array, ref: jax.Array) -> jax.Array:
+    """d @ (x - ref)^T: d [K, P], x [N, P], ref [P] -> [K, N], chunked over P."""
+
+    def one(acc, diff, cols, fresh):
+        part = jnp.where(fresh[None], jax.lax.dynamic_slice_in_dim(d, *cols, axis=1), 0.0)
+        return acc + jnp.dot(part, diff.T, precision=HIGHEST)
+
+    return _chunked(one, jnp.zeros((d.shape[0], x.shape[0]), d.dtype), x, ref)
+
+
+def _flat(x: jax.Array) -> jax.Array:
+    return x.reshape(x.shape[0], -1)
+
+
+def mix_from_ref(alpha: jax.Array, client_params: PyTree, ref: PyTree, groups: PyTree) -> PyTree:
+    """`layer_mix` written ref + sum_n alpha[k, l, n] (x[n]^l - ref^l): alpha [K, L, N],
+    client_params [N, ...], ref one client's params -> [K, ...]."""
+
+    def one(g, x, r):
+        return diff_mix(alpha[:, g], _flat(x), r.reshape(-1)).reshape((alpha.shape[0],) + x.shape[1:])
+
+    return jax.tree.map(one, groups, client_params, ref)
+
+
+def mix_cotangent(ct: PyTree, client_params: PyTree, ref: PyTree, groups: PyTree, shape) -> jax.Array:
+    """The cotangent [K, L, N] of `mix_from_ref`'s alpha for the cotangent `ct` [K, ...] of
+    its output: entry (k, l, n) sums <ct[k]^leaf, x[n]^leaf - ref^leaf> over group l's leaves."""
+    out = jnp.zeros(shape, jnp.float32)
+    for g, c, x, r in zip(*(jax.tree.leaves(t) for t in (groups, ct, client_params, ref))):
+        out = out.at[:, g].add(diff_dots(_flat(c), _flat(x), r.reshape(-1)))
+    return out
 
 
 def normalize_weights(raw: jax.Array, self_index: jax.Array, how: str) -> jax.Array:
@@ -308,24 +374,28 @@ def init(hp: PFedLAHyper, model: Model, init_jit: Callable, key, params_template
 
 def generate_starts(hp: PFedLAHyper, state: PFedLAState, part: Participants):
     """The participants' starts theta_bar [K, ...] (their weights mixing all C models),
-    and the pullback to their hypernetworks [K, ...] (one VJP: row k only reaches start k).
+    and the pullback to their hypernetworks [K, ...] (row k only reaches start k).
 
     The mix is written theta_0 + sum_j alpha_j (theta_j - theta_0) (equal to sum_j
     alpha_j theta_j: every row of alpha sums to 1), so the weights' gradient
     <theta_j - theta_0, -delta> is computed from the models' differences, without the
     cancellation of their large common part: it is exactly 0 when all models are equal
     (round 1), where <theta_j, -delta> would leave rounding noise that Adam, which
-    normalises the gradient's scale, turns into a full-size step.
+    normalises the gradient's scale, turns into a full-size step. The differences are
+    formed chunk by chunk (`diff_mix`, `diff_dots`), never as a [C, ...] tree; the
+    weights' cotangent is written out (`mix_cotangent`) and pulled back through the
+    hypernetworks with one `jax.vjp`, as `hypernet.vjp_generate` would.
     """
     all_params = state.client_params["params"]
     ref = jax.tree.map(lambda x: x[0], all_params)
-    diffs = jax.tree.map(lambda x, r: x - r[None], all_params, ref)
+    weights = lambda hn_rows: participant_layer_weights(hp, hn_rows, part)[0]  # noqa: E731
+    alpha, pullback = jax.vjp(weights, part.gather(state.client_hn))
 
-    def mix(hn_rows):
-        mixed = layer_mix(participant_layer_weights(hp, hn_rows, part)[0], diffs, hp.groups)
-        return jax.tree.map(lambda r, m: r[None] + m, ref, mixed)
+    def grad_of(delta):
+        cotangent = mix_cotangent(jax.tree.map(jnp.negative, delta), all_params, ref, hp.groups, alpha.shape)
+        return pullback(cotangent)[0]
 
-    return hypernet.vjp_generate(mix, part.gather(state.client_hn))
+    return mix_from_ref(alpha, all_params, ref, hp.groups), grad_of
 
 
 def client_update(hp: PFedLAHyper, state: PFedLAState, cid, start, data, key):

@@ -15,8 +15,9 @@ client of fewer than B rows takes no step). Two schedules:
 
 `schedule_position` says where step s falls (epoch, batch, active) and is the one
 definition of the schedule: `make_local_train` follows it with the epoch order
-carried in its loop; `step_batch` gives step s's rows without a carry, for local
-loops that are not `make_local_train` (Per-FedAvg, pFedMe, FedeRiCo's M-steps).
+carried in its loop (`next_batch`); `step_batch` gives step s's rows without a carry,
+and `batch_schedule` all S steps' rows at once, for local loops that are not
+`make_local_train` (Per-FedAvg, pFedMe, FedeRiCo's M-steps).
 
 `run_steps` runs the steps, as `LocalTraining.loop` says: "scan" (the static
 maximum, inactive steps masked) or "while" (only the client's own `own_steps`,
@@ -165,6 +166,32 @@ def step_batch(spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Arr
     return rows, weights, active
 
 
+def next_batch(spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Array, n_max: int, order):
+    """(order, rows [B], weights [B], active) of local step s, given the epoch order
+    [n_max + B] of step s - 1 (`epoch_order(key, 0, ...)` before step 0): a new order
+    only at epoch starts (a real branch under lax.map). Same rows as `step_batch`."""
+    epoch, j, active = schedule_position(spec, s, count)
+    order = jax.lax.cond(
+        (j == 0) & (s > 0),
+        lambda: epoch_order(key, epoch, count, n_max, spec.batch_size),
+        lambda: order,
+    )
+    rows, weights = batch_rows(order, j, count, spec.batch_size)
+    return order, rows, weights, active
+
+
+def batch_schedule(spec: LocalTraining, key: jax.Array, count: jax.Array, n_max: int, steps: int):
+    """Rows [S, B], weights [S, B] and activity [S] of local steps 0..S-1 of one client
+    (`step_batch` of each s, with one epoch order per epoch instead of one per step)."""
+
+    def body(order, s):
+        order, rows, weights, active = next_batch(spec, key, s, count, n_max, order)
+        return order, (rows, weights, active)
+
+    order0 = epoch_order(key, 0, count, n_max, spec.batch_size)
+    return jax.lax.scan(body, order0, jnp.arange(steps))[1]
+
+
 def own_steps(spec: LocalTraining, count: jax.Array) -> jax.Array:
     """The number of active local steps of a client with `count` rows: S, or
     E * ceil(count / B) (E * floor(count / B) with drop_last); 0 for a client that
@@ -255,14 +282,7 @@ def make_local_train(
 
         def step(carry, s):
             params, rest, opt_state, order = carry
-            epoch, j, active = schedule_position(spec, s, data.count)
-            # A new epoch order only at epoch starts (a real branch under lax.map).
-            order = jax.lax.cond(
-                (j == 0) & (s > 0),
-                lambda: epoch_order(key, epoch, data.count, n_max, batch_size),
-                lambda: order,
-            )
-            rows, weights = batch_rows(order, j, data.count, batch_size)
+            order, rows, weights, active = next_batch(spec, key, s, data.count, n_max, order)
             xb, yb = data.x[rows], data.y[rows]
             grads, (loss, updates) = grad_fn(params, rest, anchor_params, xb, yb, weights)
             upd, new_opt = optimizer.update(grads, opt_state, params)

@@ -52,6 +52,8 @@ class Participants(NamedTuple):
       train_key: the round's training key; client c uses `client_key(c)`.
       num_clients: C, static.
       privacy: client-level DP of the server's average (`average`), or None.
+      everyone: static; True when ids are 0..C-1 (all clients eligible and taking
+        part), so `gather` and `scatter` are the identity (no copy of [C, ...] trees).
     """
 
     ids: jax.Array
@@ -60,6 +62,7 @@ class Participants(NamedTuple):
     train_key: jax.Array
     num_clients: int
     privacy: ClientDP | None = None
+    everyone: bool = False
 
     @property
     def k(self) -> int:
@@ -71,10 +74,12 @@ class Participants(NamedTuple):
 
     def gather(self, tree: PyTree) -> PyTree:
         """The participants' rows [K, ...] of a [C, ...] tree."""
-        return gather(tree, self.ids)
+        return tree if self.everyone else gather(tree, self.ids)
 
     def scatter(self, tree: PyTree, rows: PyTree) -> PyTree:
         """`tree` [C, ...] with the participants' rows replaced by `rows` [K, ...]."""
+        if self.everyone:
+            return jax.tree.map(lambda x, r: jnp.broadcast_to(r, x.shape).astype(x.dtype), tree, rows)
         return scatter(tree, self.ids, rows)
 
     def mean(self, stacked: PyTree) -> PyTree:
@@ -124,7 +129,7 @@ def participants(
     idx = sample_clients(sample_key, n, k)
     idx = idx if eligible is None else ids[idx]
     weights = client_weights(weighting, data.train.count[idx])
-    return Participants(idx, weights, sample_key, train_key, num, privacy)
+    return Participants(idx, weights, sample_key, train_key, num, privacy, eligible is None and k == num)
 
 
 def federated_round(

@@ -227,6 +227,24 @@ def test_round_equals_per_client_loop(strategy, estep_data, accumulate, m_step):
     assert metrics["bytes_down"] == steps_bytes and metrics["bytes_up"] == steps_bytes
 
 
+def test_sequential_pair_sum_equals_the_segment_sum():
+    """Under a sequential map each pair's weighted gradient is added to its model as it
+    comes (a scan); vmap and chunked maps form the [P, ...] gradients and segment-sum
+    them: the same rounds, BatchNorm-free and with the E-step on the first minibatch."""
+    data = toy_data(COUNTS)
+    out = {}
+    for name, cmap in (("map", "map"), ("vmap", "vmap"), ("chunked", federico.ClientMap("map", 3))):
+        alg = federico.build(MODEL, ADAM, neighbours=2, clients_per_round=5, client_map=cmap)
+        state = alg.init(jax.random.key(0), None, C)
+        rnd = jax.jit(alg.round)
+        for r in range(2):
+            state, metrics = rnd(state, data, jax.random.key(20 + r))
+        out[name] = (state.client_params, state.client_opt_state, state.client_posterior)
+        out[name] += (metrics["train_loss"],)
+    chex.assert_trees_all_close(out["map"], out["vmap"], rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(out["map"], out["chunked"], rtol=1e-5, atol=1e-6)
+
+
 def test_evaluate_map_and_vmap_agree():
     data = toy_data(COUNTS)
     state = ALG.init(jax.random.key(0), None, C)

@@ -59,6 +59,48 @@ def test_layer_mix_one_hot_uniform_and_loop():
             np.testing.assert_allclose(out[k], want, rtol=1e-5, atol=1e-6)
 
 
+def previous_generate_starts(hp, state, part):
+    """The formulation before the chunked one, kept as an oracle: the [C, ...] differences
+    to client 0 formed as a tree, mixed by `layer_mix` and differentiated by jax.vjp."""
+    all_params = state.client_params["params"]
+    ref = jax.tree.map(lambda x: x[0], all_params)
+    diffs = jax.tree.map(lambda x, r: x - r[None], all_params, ref)
+
+    def mix(hn_rows):
+        mixed = pfedla.layer_mix(pfedla.participant_layer_weights(hp, hn_rows, part)[0], diffs, hp.groups)
+        return jax.tree.map(lambda r, m: r[None] + m, ref, mixed)
+
+    return hypernet.vjp_generate(mix, part.gather(state.client_hn))
+
+
+@pytest.mark.parametrize("chunk_bytes", [pfedla.MIX_CHUNK_BYTES, 240])
+def test_chunked_starts_and_pullback_equal_the_previous_formulation(monkeypatch, chunk_bytes):
+    """generate_starts (differences formed chunk by chunk, the weights' cotangent written
+    out) gives the starts and hypernetwork gradients of the vjp through `layer_mix` of the
+    differences, in one chunk per leaf and (chunk_bytes=240: 10 of the 6 clients' columns)
+    in several, the last one overlapping the one before (48 and 24 columns)."""
+    monkeypatch.setattr(pfedla, "MIX_CHUNK_BYTES", chunk_bytes)
+    alg = pfedla.build(MODEL, SPEC, **HN)
+    hp = pfedla.make_hyper(
+        MODEL, SPEC, 0, "module", "relu_normalize", 5, (7, 6), "auto", "adam", 1e-3, 0.0, "descent", 0
+    )
+    state = alg.init(jax.random.key(0), None, C)
+    state = state._replace(client_params={"params": random_stack(3)})
+    ids = jnp.asarray([0, 2, 3, 5], jnp.int32)
+    part = pfedla.Participants(ids, jnp.ones(4), jax.random.key(1), jax.random.key(2), C)
+    delta = jax.tree.map(lambda x: 0.1 * x[:4], random_stack(4))
+
+    def both(fn):
+        starts, grad_of = fn(hp, state, part)
+        return starts, grad_of(delta)
+
+    got, want = (
+        jax.jit(lambda: both(pfedla.generate_starts))(),
+        jax.jit(lambda: both(previous_generate_starts))(),
+    )
+    chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_normalize_and_top_k():
     raw = jnp.array([[1.0, -2.0, 3.0], [-1.0, -1.0, -5.0]])
     relu = pfedla.normalize_weights(raw, jnp.int32(1), "relu_normalize")
