@@ -21,7 +21,7 @@ from pfljax.experiment import config as C
 from pfljax.models import build_model
 
 SCHEMA = C.base_config()
-SCHEMA.dataset = "simulation"  # it takes every numeric source option
+SCHEMA.dataset = "simulation"  # a source option of another data set is set with that data set
 PLAIN = SCHEMA.to_dict()
 DOMAINS = C.numeric_domains(SCHEMA)
 
@@ -53,6 +53,8 @@ def with_value(field: str, value) -> ml_collections.ConfigDict:
     for g in groups:
         node = node[g]
     node[option] = (value,) if isinstance(node[option], tuple) else value
+    if groups == ["source"] and option not in C.SOURCE_OPTIONS[plain["dataset"]]:
+        plain["dataset"] = next(d for d, opts in C.SOURCE_OPTIONS.items() if option in opts)
     return ml_collections.ConfigDict(plain)
 
 
