@@ -33,6 +33,11 @@ CASES = [
     (MAIN, ["nonsense_positional"], ["unexpected arguments", "nonsense_positional"]),
     (MAIN, ["--nosuch_flag=1"], ["nosuch_flag"]),
     (MAIN, ["--distributed=maybe"], ["--distributed"]),
+    (MAIN, ["--num_processes=0"], ["--num_processes=0", ">= 1"]),
+    (MAIN, ["--num_processes=2", "--process_id=2"], ["--process_id=2", "0 .. 1 (--num_processes=2)"]),
+    (MAIN, ["--coordinator_address=nohost"], ["--coordinator_address=nohost", "host:port"]),
+    (MAIN, ["--distributed", "--initialization_timeout=0"], ["--initialization_timeout=0", ">= 1"]),
+    (COMPARE, ["--distributed", "--vectorize"], ["--vectorize", "multi-process"]),
     # Fields and options that do not exist.
     (MAIN, ["--config.nosuch=1"], ["--config.nosuch=1", "not a config field", "fields: algorithm"]),
     (MAIN, ["--config.learnig_rate=0.1"], ["--config.learnig_rate", "did you mean 'learning_rate'"]),
