@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.experiment.tiny import ROOT, TINY_FLAGS, is_png
+from tests.experiment.tiny import ROOT, TINY_FLAGS, binary_env, is_png
 
 MAIN, COMPARE, PARTITION = "experiments.main", "experiments.compare", "experiments.partition"
 FMNIST = ["--config=experiments/configs/default.py", "--config.dataset=fashion_mnist"]
@@ -167,11 +167,7 @@ def _argv(binary: str, args: list[str], tmp) -> list[str]:
 
 
 def _env():
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.setdefault(
-        "JAX_COMPILATION_CACHE_DIR", os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
-    )
-    return env
+    return binary_env()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.experiment.tiny import ROOT, TINY_FLAGS
+from tests.experiment.tiny import ROOT, TINY_FLAGS, binary_env
 
 TIMEOUT = 240  # seconds for a wave of processes (a tiny run takes ~10 s on 2 cores)
 RTOL = 1e-5
@@ -48,8 +48,7 @@ def distributed(port: int, process_id: int, timeout: int = 60) -> list[str]:
 def run_wave(commands: list[list[str]], devices: int = 1, timeout: float = TIMEOUT) -> list[dict]:
     """Starts every command at once (forced CPU devices each), waits for all; returns
     [{"rc", "stdout", "stderr", "seconds"}]. Kills them all on a timeout."""
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env = binary_env(PYTHONPATH=ROOT, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     with tempfile.TemporaryDirectory() as logs:
         files = [(open(f"{logs}/{i}.out", "w+"), open(f"{logs}/{i}.err", "w+")) for i in range(len(commands))]
         t0 = time.perf_counter()
@@ -158,10 +157,10 @@ def test_unreachable_coordinator(tmp_path):
     """Process 1 alone, nobody at the address: one line naming it and the timeout, exit 2."""
     port = free_port()
     t0 = time.perf_counter()
-    (result,) = run_wave([command(distributed(port, 1, timeout=5), str(tmp_path / "w"))], timeout=90)
+    (result,) = run_wave([command(distributed(port, 1, timeout=3), str(tmp_path / "w"))], timeout=90)
     assert result["rc"] == 2, result["stderr"]
     assert "Traceback" not in result["stderr"]
     line = result["stderr"].strip().splitlines()[-1]
     assert line.startswith("error: --coordinator_address=127.0.0.1:") and f":{port}" in line, line
-    assert "--initialization_timeout=5 s" in line, line
+    assert "--initialization_timeout=3 s" in line, line
     assert time.perf_counter() - t0 < 60
