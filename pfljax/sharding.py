@@ -35,9 +35,11 @@ Any Algorithm runs on several devices without change:
   needed, i.e. up to once per round; `place_data(..., replicate=True)` keeps
   the data on every device instead.
 
-Multi-host (`jax.distributed.initialize()` before anything else): `client_mesh`
-spans all processes' devices and the same code runs on every process; see
-BUILD.md.
+Multi-process (`jax.distributed.initialize()` before anything else; the
+binaries' `--distributed` or `--coordinator_address`, `--num_processes`,
+`--process_id`): `client_mesh` spans all processes' devices and the same code
+runs on every process; `place_*` take the same host values on every process.
+Tested with 2 CPU processes (tests/experiment/test_multiprocess.py); see BUILD.md.
 """
 
 from __future__ import annotations
@@ -125,6 +127,15 @@ def state_shardings(state: PyTree, mesh: Mesh) -> PyTree:
     )
 
 
+def put(x, sharding: NamedSharding):
+    """jax.device_put, typed PRNG keys included: a key goes as its key data (a key array
+    cannot be put from one process onto devices of several processes)."""
+    if hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = jax.device_put(jax.random.key_data(x), sharding)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    return jax.device_put(x, sharding)
+
+
 class ShardedMap(NamedTuple):
     """Client-mapping strategy: rows spread over the 'clients' axis, `inner` on each device's block.
 
@@ -169,7 +180,7 @@ class ShardedAlgorithm(NamedTuple):
     def place_state(self, state: PyTree) -> PyTree:
         """Pads `client_*` leaves of an unpadded state and puts it on the mesh."""
         padded = map_client_leaves(state, lambda x: pad_rows(jnp.asarray(x), self.size))
-        return jax.device_put(padded, state_shardings(padded, self.mesh))
+        return jax.tree.map(put, padded, state_shardings(padded, self.mesh))
 
     def unplace_state(self, state: PyTree) -> PyTree:
         """The unpadded state (C client rows), as on a single device."""
@@ -189,7 +200,7 @@ class ShardedAlgorithm(NamedTuple):
         return ClientData(place(data.train), place(data.test))
 
     def place_key(self, key: jax.Array) -> jax.Array:
-        return jax.device_put(key, NamedSharding(self.mesh, P()))
+        return put(key, NamedSharding(self.mesh, P()))
 
     def real_data(self, data: ClientData) -> ClientData:
         """The real C clients of placed data."""

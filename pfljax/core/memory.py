@@ -24,7 +24,7 @@ ROUND_STATE_COPIES = 4  # state in, state out, the participants' updates and opt
 def device_memory_bytes(device=None) -> int | None:
     """The device's free memory in bytes (accelerators), available host memory
     on CPU, or None when unknown."""
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     try:
         stats = device.memory_stats()
     except Exception:  # noqa: BLE001  some backends do not implement memory_stats

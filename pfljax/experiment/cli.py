@@ -19,8 +19,12 @@ import difflib
 import importlib.util
 import logging as std_logging
 import os
+import socket
 import sys
+import time
 import traceback
+from collections.abc import Callable
+from typing import NamedTuple
 
 from absl import flags
 
@@ -33,6 +37,7 @@ RUN_PACKAGES = ("orbax.checkpoint", "matplotlib", "tensorboardX", "tqdm")
 PARTITION_PACKAGES = ("matplotlib",)
 PIP_NAMES = {"orbax.checkpoint": "orbax-checkpoint"}
 EXIT_FOOTER = "0 completed, 2 bad input, 3 a run diverged, 4 out of device memory."
+DEFAULT_INIT_TIMEOUT = 300  # seconds, jax.distributed.initialize's default
 HELP_FLAGS = ("-h", "--help", "-help", "--helpfull", "--helpshort", "-?")
 SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../pfljax
@@ -263,18 +268,125 @@ def setup_logging() -> None:
         handler.addFilter(_OwnLines())
 
 
-def initialize_distributed() -> None:
-    """jax.distributed.initialize() for multi-host runs: auto-detected on Cloud TPU,
-    SLURM, Open MPI and Kubernetes; elsewhere from the environment variables
-    JAX_COORDINATOR_ADDRESS (host:port of process 0), JAX_NUM_PROCESSES and JAX_PROCESS_ID."""
+class Distributed(NamedTuple):
+    """How a binary joins a multi-process run: `jax.distributed.initialize`'s arguments
+    (None: auto-detected, or from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)."""
+
+    enabled: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    initialization_timeout: int = DEFAULT_INIT_TIMEOUT
+
+
+def define_distributed_flags() -> Callable[[], Distributed]:
+    """The binaries' multi-process flags; returns a function giving their values after parsing.
+    Any of --coordinator_address, --num_processes, --process_id implies --distributed."""
+    enabled = flags.DEFINE_bool(
+        "distributed",
+        False,
+        "multi-process run: jax.distributed.initialize() first (on Cloud TPU, SLURM, Open MPI, "
+        "Kubernetes it finds the processes itself; see BUILD.md)",
+    )
+    address = flags.DEFINE_string(
+        "coordinator_address",
+        None,
+        "host:port of process 0, the same on every process (implies --distributed)",
+    )
+    count = flags.DEFINE_integer("num_processes", None, "number of processes (implies --distributed)")
+    index = flags.DEFINE_integer(
+        "process_id", None, "this process: 0 .. num_processes-1 (implies --distributed)"
+    )
+    timeout = flags.DEFINE_integer(
+        "initialization_timeout",
+        DEFAULT_INIT_TIMEOUT,
+        "seconds a process waits for the coordinator and the others to join",
+    )
+
+    def values() -> Distributed:
+        given = (address.value, count.value, index.value)
+        return Distributed(enabled.value or any(v is not None for v in given), *given, timeout.value)
+
+    return values
+
+
+def check_distributed(opts: Distributed) -> None:
+    """One line and exit 2 for multi-process flags no process could run with."""
+    if opts.num_processes is not None and opts.num_processes < 1:
+        fail(f"--num_processes={opts.num_processes}: give a number of processes >= 1")
+    if opts.process_id is not None and not 0 <= opts.process_id < (opts.num_processes or float("inf")):
+        n = opts.num_processes
+        upper = f"{n - 1} (--num_processes={n})" if n else "N-1"
+        fail(f"--process_id={opts.process_id}: give this process's id in 0 .. {upper}")
+    address = opts.coordinator_address
+    host, _, port = (address or "").rpartition(":")
+    if address is not None and not (host and port.isdigit()):
+        fail(f"--coordinator_address={address}: give process 0's host:port, e.g. 10.0.0.1:1234")
+    if opts.initialization_timeout < 1:
+        fail(f"--initialization_timeout={opts.initialization_timeout}: give seconds >= 1")
+
+
+def initialize_distributed(opts: Distributed) -> None:
+    """jax.distributed.initialize() with the flags' arguments (the rest auto-detected),
+    CPU collectives over gloo (so CPU processes form one mesh too); a process that
+    cannot reach the coordinator, or bad arguments, is one line and exit 2."""
     import jax  # pylint: disable=import-outside-toplevel
 
-    kwargs = {}
-    if "JAX_NUM_PROCESSES" in os.environ:
-        kwargs["num_processes"] = int(os.environ["JAX_NUM_PROCESSES"])
-    if "JAX_PROCESS_ID" in os.environ:
-        kwargs["process_id"] = int(os.environ["JAX_PROCESS_ID"])
-    jax.distributed.initialize(**kwargs)
+    check_distributed(opts)
+    if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in os.environ:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kwargs = {
+        "coordinator_address": opts.coordinator_address,
+        "num_processes": _given(opts.num_processes, "JAX_NUM_PROCESSES"),
+        "process_id": _given(opts.process_id, "JAX_PROCESS_ID"),
+    }
+    address = kwargs["coordinator_address"] or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if address and kwargs["process_id"] != 0 and not reachable(address, opts.initialization_timeout):
+        # Checked here: jax's client aborts the process (a C++ fatal error) when it cannot connect.
+        fail(
+            f"--coordinator_address={address}: process {kwargs['process_id']} of {kwargs['num_processes']} "
+            f"found no coordinator there within --initialization_timeout={opts.initialization_timeout} s; "
+            "start process 0 (--process_id=0) on that host and port, the same --num_processes everywhere"
+        )
+    try:
+        jax.distributed.initialize(**kwargs, initialization_timeout=opts.initialization_timeout)
+    except (ValueError, TypeError, RuntimeError) as e:  # jax's argument checks, auto-detection
+        fail(
+            f"--distributed: jax.distributed.initialize: {e}; outside Cloud TPU, SLURM, Open MPI and "
+            "Kubernetes give --coordinator_address, --num_processes and --process_id"
+        )
+
+
+def reachable(address: str, timeout: float) -> bool:
+    """Whether a TCP connection to `address` (host:port) opens within `timeout` seconds (retried)."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
+
+def _given(value: int | None, variable: str) -> int | None:
+    """A flag's value, else the environment variable's (an integer), else None (auto-detected)."""
+    if value is not None or variable not in os.environ:
+        return value
+    try:
+        return int(os.environ[variable])
+    except ValueError:
+        fail(f"{variable}={os.environ[variable]!r}: give an integer")
+    return None
+
+
+def is_primary() -> bool:
+    """Whether this is process 0 (the one that prints and writes the outputs)."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    return jax.process_index() == 0
 
 
 def missing_package(name: str) -> bool:
@@ -301,16 +413,16 @@ def require_packages(modules: tuple[str, ...]) -> None:
         )
 
 
-def start(argv: list[str], distributed: bool, needs: tuple[str, ...] = RUN_PACKAGES) -> None:
+def start(argv: list[str], distributed: Distributed | None, needs: tuple[str, ...] = RUN_PACKAGES) -> None:
     """Common prologue of the binaries' `main`: no stray positional arguments, the
     extra's packages `needs` importable, logging (our lines at INFO, orbax quiet),
-    multi-host initialization when asked."""
+    multi-process initialization when asked (`define_distributed_flags`)."""
     if len(argv) > 1:
         fail(f"unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
     require_packages(needs)
     setup_logging()
-    if distributed:
-        initialize_distributed()
+    if distributed is not None and distributed.enabled:
+        initialize_distributed(distributed)
 
 
 def define_config_flag():

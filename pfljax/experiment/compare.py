@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 from absl import logging
 
@@ -101,7 +102,8 @@ def compare(
     results = aggregate(summaries)
     resolved = resolve(configs[next(iter(configs))])[0]
     table = markdown_table(results, resolved, seeds)
-    _write_results(workdir, summaries, results, table, resolved, seeds)
+    if jax.process_index() == 0:  # a multi-process run: process 0 writes
+        _write_results(workdir, summaries, results, table, resolved, seeds)
     diverged = [
         (name, s["seed"], s["diverged_round"])
         for name, runs in summaries.items()

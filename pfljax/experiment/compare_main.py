@@ -25,7 +25,9 @@ from absl import app, flags
 from pfljax.experiment.cli import (
     EXIT_DIVERGED,
     define_config_flag,
+    define_distributed_flags,
     fail,
+    is_primary,
     out_of_memory_exits,
     parse_flags,
     set_usage,
@@ -56,9 +58,7 @@ _REPLICA_MAP = flags.DEFINE_enum(
     "with --vectorize: vmap the replicas, or lax.map them (one after another in one program); "
     "auto: map on CPU",
 )
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "multi-host: jax.distributed.initialize() first (see BUILD.md)"
-)
+_DISTRIBUTED = define_distributed_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -95,7 +95,10 @@ def parse_algorithms(values: list[str]) -> list[str]:
 
 
 def main(argv):
-    start(argv, _DISTRIBUTED.value)
+    distributed = _DISTRIBUTED()
+    if distributed.enabled and _VECTORIZE.value:
+        fail("--vectorize runs on one process's devices: drop it (or --distributed) for a multi-process run")
+    start(argv, distributed)
     from pfljax.experiment import ConfigError, compare  # pylint: disable=import-outside-toplevel
     from pfljax.experiment.compare import parse_grid  # pylint: disable=import-outside-toplevel
 
@@ -115,7 +118,8 @@ def main(argv):
             )
     except (ConfigError, ValueError) as e:
         fail(str(e))
-    print(out["table"])
+    if is_primary():
+        print(out["table"])
     if out["diverged"]:
         runs = ", ".join(f"{a} seed {s} at round {r}" for a, s, r in out["diverged"])
         fail(

@@ -24,7 +24,9 @@ from absl import app, flags
 from pfljax.experiment.cli import (
     EXIT_DIVERGED,
     define_config_flag,
+    define_distributed_flags,
     fail,
+    is_primary,
     out_of_memory_exits,
     parse_flags,
     set_usage,
@@ -34,14 +36,12 @@ from pfljax.experiment.cli import (
 USAGE = __doc__
 _CONFIG = define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (resumed if it holds checkpoints)")
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "multi-host: jax.distributed.initialize() first (see BUILD.md)"
-)
+_DISTRIBUTED = define_distributed_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-    start(argv, _DISTRIBUTED.value)
+    start(argv, _DISTRIBUTED())
     from pfljax.experiment import ConfigError, train_and_evaluate  # pylint: disable=import-outside-toplevel
 
     try:
@@ -51,6 +51,8 @@ def main(argv):
         fail(str(e))
     if summary["status"] == "diverged":
         fail(summary["divergence"], EXIT_DIVERGED)
+    if not is_primary():  # in a multi-process run, process 0 reports (and wrote the outputs)
+        return
     print(
         f"{summary['algorithm']}: final mean accuracy {summary['final_mean_accuracy']:.4f}, "
         f"best {summary['best_mean_accuracy']:.4f}; outputs in {_WORKDIR.value}"

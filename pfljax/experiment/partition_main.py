@@ -45,7 +45,7 @@ def table(summary: dict) -> str:
 
 
 def main(argv):
-    start(argv, False, PARTITION_PACKAGES)
+    start(argv, None, PARTITION_PACKAGES)
     from absl import logging  # pylint: disable=import-outside-toplevel
 
     from pfljax.experiment import plots  # pylint: disable=import-outside-toplevel

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.experiment.tiny import ROOT, TINY_FLAGS, is_png
+from tests.experiment.tiny import ROOT, TINY_FLAGS, binary_env, is_png
 
 MAIN, COMPARE, PARTITION = "experiments.main", "experiments.compare", "experiments.partition"
 FMNIST = ["--config=experiments/configs/default.py", "--config.dataset=fashion_mnist"]
@@ -33,6 +33,11 @@ CASES = [
     (MAIN, ["nonsense_positional"], ["unexpected arguments", "nonsense_positional"]),
     (MAIN, ["--nosuch_flag=1"], ["nosuch_flag"]),
     (MAIN, ["--distributed=maybe"], ["--distributed"]),
+    (MAIN, ["--num_processes=0"], ["--num_processes=0", ">= 1"]),
+    (MAIN, ["--num_processes=2", "--process_id=2"], ["--process_id=2", "0 .. 1 (--num_processes=2)"]),
+    (MAIN, ["--coordinator_address=nohost"], ["--coordinator_address=nohost", "host:port"]),
+    (MAIN, ["--distributed", "--initialization_timeout=0"], ["--initialization_timeout=0", ">= 1"]),
+    (COMPARE, ["--distributed", "--vectorize"], ["--vectorize", "multi-process"]),
     # Fields and options that do not exist.
     (MAIN, ["--config.nosuch=1"], ["--config.nosuch=1", "not a config field", "fields: algorithm"]),
     (MAIN, ["--config.learnig_rate=0.1"], ["--config.learnig_rate", "did you mean 'learning_rate'"]),
@@ -162,11 +167,7 @@ def _argv(binary: str, args: list[str], tmp) -> list[str]:
 
 
 def _env():
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.setdefault(
-        "JAX_COMPILATION_CACHE_DIR", os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
-    )
-    return env
+    return binary_env()
 
 
 @pytest.fixture(scope="module")

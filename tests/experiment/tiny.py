@@ -44,6 +44,16 @@ TINY_FLAGS = [
 ]
 
 
+def binary_env(**variables: str) -> dict:
+    """The environment of a binary run by a test: CPU, the tests' persistent compilation
+    cache (PFLJAX_TEST_JAX_CACHE, default .jax_cache), plus `variables`."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.setdefault(
+        "JAX_COMPILATION_CACHE_DIR", os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
+    )
+    return {**env, **variables}
+
+
 def is_png(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(8) == b"\x89PNG\r\n\x1a\n"
