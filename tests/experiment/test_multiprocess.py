@@ -126,24 +126,19 @@ def assert_process_0_wrote(results: list[dict], workdir: str, reference: str) ->
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    """Single-process runs with 2 devices of FedAvg and FedPer (run side by side)."""
+    """The single-process run with 2 devices of FedPer (the reference). FedAvg over 2
+    processes was checked equal too (bit for bit) when this was built; one method keeps
+    the test's process launches (and CI time) down."""
     root = tmp_path_factory.mktemp("single")
-    names = ("fedavg", "fedper")
+    names = ("fedper",)
     run_ok([command([f"--config.algorithm={n}"], str(root / n)) for n in names], devices=2)
     return {n: str(root / n) for n in names}
 
 
-def test_two_processes_equal_one(single, tmp_path):
-    workdir = str(tmp_path / "fedavg")
-    results = two_processes(["--config.algorithm=fedavg"], workdir)
-    assert_same_numbers(summary(workdir), summary(single["fedavg"]))
-    assert_process_0_wrote(results, workdir, single["fedavg"])
-    print(f"2-process fedavg run: {results[0]['seconds']:.1f} s")
-
-
 def test_two_processes_resume(single, tmp_path):
     """FedPer (personal layers in the client state) over 2 processes: 1 round, then
-    resumed to 2 from the checkpoint, equals the uninterrupted single-process run."""
+    resumed to 2 from the checkpoint, equals the uninterrupted single-process run with
+    2 devices; only process 0 wrote outputs."""
     workdir = str(tmp_path / "fedper")
     two_processes(["--config.algorithm=fedper", "--config.rounds=1"], workdir)
     assert rounds(workdir) == [1]
