@@ -742,7 +742,9 @@ def data_warnings(config, fed_data: FederatedData) -> list[str]:
             f"--config.samples_per_client=0 lifts the cap"
         )
     unplaced = fed_data.summary.get("unplaced_classes")
-    if unplaced:
+    if unplaced and config.dataset in NATURAL_DATASETS:  # the users' own data: nothing to place
+        lines.append(f"classes {unplaced} are in none of the {len(sizes)} users' training data")
+    elif unplaced:
         lines.append(
             f"classes {unplaced} are in no client's data (config.partition={config.partition!r}, "
             f"seed {config.seed}); more clients or config.classes_per_client would place them"
