@@ -29,10 +29,11 @@ demo: $(STAMP)
 		--seeds=0 --workdir=$(WORKDIR)
 
 # The suite in parallel: one pytest-xdist worker per core, at most 4 (each holds its own JAX
-# programs, a few GB); whole test files per worker, so module fixtures are built once.
+# programs, a few GB); tests handed out one by one (worksteal): test_conformance.py alone is
+# minutes, so whole files per worker would leave one worker idle.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 bench: $(STAMP)
 	$(PY) -m experiments.bench --json
