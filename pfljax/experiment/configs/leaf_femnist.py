@@ -18,24 +18,31 @@ import ml_collections
 from pfljax.experiment.configs import default
 
 
-def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    del arg  # one setting
+def leaf_users(dataset: str, rounds: int, learning_rate: float) -> ml_collections.ConfigDict:
+    """LEAF's FedAvg setting on `dataset`: its users as clients with their own split (no
+    cap), 10 of 100 a round, 1 epoch of batch 10, plain SGD at `learning_rate`."""
     config = default.get_config()
-    config.dataset = "leaf_femnist"
-    config.data_dir = ""  # LEAF's data/femnist/data
-    config.partition = "iid"  # keep the writers as clients
-    config.samples_per_client = 0  # LEAF's own per-writer split, no cap
+    config.dataset = dataset
+    config.data_dir = ""  # LEAF's data/<task>/data
+    config.partition = "iid"  # keep the users as clients
+    config.samples_per_client = 0  # LEAF's own per-user split, no cap
     config.num_clients = 100
     config.clients_per_round = 10
-    config.rounds = 1000
+    config.rounds = rounds
     config.local_epochs = 1
     config.batch_size = 10
     config.optimizer = "sgd"
-    config.learning_rate = 0.004
+    config.learning_rate = learning_rate
     config.momentum = 0.0
+    config.checkpoint_every = 50
+    return config
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    del arg  # one setting
+    config = leaf_users("leaf_femnist", rounds=1000, learning_rate=0.004)
     config.model = "cnn"
     config.model_kwargs = ml_collections.ConfigDict(
         {"channels": (32, 64), "dense": (2048,), "kernel_size": 5, "padding": "SAME"}
     )
-    config.checkpoint_every = 50
     return config

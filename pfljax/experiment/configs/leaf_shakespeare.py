@@ -16,26 +16,13 @@ from __future__ import annotations
 
 import ml_collections
 
-from pfljax.experiment.configs import default
+from pfljax.experiment.configs.leaf_femnist import leaf_users
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     del arg  # one setting
-    config = default.get_config()
-    config.dataset = "leaf_shakespeare"
-    config.data_dir = ""  # LEAF's data/shakespeare/data
+    config = leaf_users("leaf_shakespeare", rounds=500, learning_rate=0.8)
     config.source.min_samples = 64
-    config.partition = "iid"  # keep the roles as clients
-    config.samples_per_client = 0  # LEAF's own per-role split, no cap
-    config.num_clients = 100
-    config.clients_per_round = 10
-    config.rounds = 500
-    config.local_epochs = 1
-    config.batch_size = 10
-    config.optimizer = "sgd"
-    config.learning_rate = 0.8
-    config.momentum = 0.0
     config.model = "char_lstm"
     config.model_kwargs = ml_collections.ConfigDict({"embed": 8, "hidden": (256, 256), "last_only": True})
-    config.checkpoint_every = 50
     return config
