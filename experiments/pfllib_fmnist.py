@@ -13,6 +13,12 @@ stopped; the rounds it logged stay in its metrics.jsonl, so the table reports
 the rounds each method reached, and the accuracies at the last round that every
 method reached with every seed ("common round"), so rows compare like with like.
 
+Resumable across short windows (e.g. 10-minute GPU leases): each run checkpoints its
+replica state every `--checkpoint_every` rounds, and running the same command again
+into the same workdir resumes every unfinished method from its last checkpoint (the
+rounds logged after it are run again); methods already completed are skipped. Each
+launch ends with one line per method saying where it stopped.
+
 METHODS maps a row name to an algorithm and config overrides: the pfljax
 defaults, plus two rows for methods whose paper defaults diverge in round 1
 under this protocol's plain SGD: `pfedme_pfllib`, pFedMe with PFLlib's main.py
@@ -61,6 +67,7 @@ flags.DEFINE_list("methods", list(METHODS), f"rows to run, from {', '.join(METHO
 flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds")
 flags.DEFINE_integer("rounds", 2000, "rounds (the protocol's 2000)")
 flags.DEFINE_float("deadline_s", 0.0, "stop every run still going after this many seconds (0: none)")
+flags.DEFINE_integer("checkpoint_every", 50, "rounds between checkpoints (what a stopped run resumes from)")
 flags.DEFINE_integer("jobs", 0, "processes at a time (0: all methods at once)")
 flags.DEFINE_list("extra", [], "further --config.* overrides for every run, e.g. config.eval_every=5")
 flags.DEFINE_bool("table_only", False, "only print the table of an existing workdir")
@@ -73,7 +80,7 @@ def command(method: str) -> list[str]:
     return [
         sys.executable, "-m", "experiments.compare",
         f"--config=experiments/configs/pfllib_fmnist.py:{FLAGS.setting}",
-        f"--config.rounds={FLAGS.rounds}", "--config.checkpoint_every=0",
+        f"--config.rounds={FLAGS.rounds}", f"--config.checkpoint_every={FLAGS.checkpoint_every}",
         f"--algorithms={algorithm}", f"--seeds={','.join(FLAGS.seeds)}", "--vectorize",
         f"--workdir={os.path.join(FLAGS.workdir, method)}",
         *overrides, *(f"--{e}" for e in FLAGS.extra),
@@ -88,7 +95,7 @@ def launch(methods: list[str]) -> dict:
     while waiting or running:
         while waiting and len(running) < limit:
             m = waiting.pop(0)
-            log = open(os.path.join(FLAGS.workdir, f"{m}.log"), "w")
+            log = open(os.path.join(FLAGS.workdir, f"{m}.log"), "a")  # a resumed run appends
             running[m] = (subprocess.Popen(command(m), stdout=log, stderr=subprocess.STDOUT), time.time())
         time.sleep(5)
         late = FLAGS.deadline_s and time.time() - start > FLAGS.deadline_s
@@ -179,6 +186,28 @@ def table(workdir: str, methods: list[str], seeds) -> str:
     return "\n".join(lines)
 
 
+def finished(workdir: str, method: str, seeds, rounds: int) -> bool:
+    """Diverged, or completed with `rounds` rounds logged: nothing left to resume."""
+    state = status(workdir, method, seeds)
+    return state == "diverged" or (state == "completed" and rounds_run(workdir, method, seeds) >= rounds)
+
+
+def checkpointed_round(workdir: str, method: str) -> int:
+    """The round of the method's last replica checkpoint (0: none), what a rerun resumes from."""
+    path = os.path.join(workdir, method, METHODS[method][0], "replica_checkpoints")
+    steps = [int(d) for d in os.listdir(path) if d.isdigit()] if os.path.isdir(path) else []
+    return max(steps, default=0)
+
+
+def where_stopped(workdir: str, methods: list[str], seeds, rounds: int) -> str:
+    """One line per method: rounds logged, the checkpoint a rerun resumes from, status."""
+    return "\n".join(
+        f"{m}: {rounds_run(workdir, m, seeds)} of {rounds} rounds logged, checkpoint at round "
+        f"{checkpointed_round(workdir, m)}, {status(workdir, m, seeds)}"
+        for m in methods
+    )
+
+
 def main(argv):
     del argv
     unknown = [m for m in FLAGS.methods if m not in METHODS]
@@ -186,7 +215,11 @@ def main(argv):
         print(f"--methods: {unknown} not in {', '.join(METHODS)}", file=sys.stderr)
         sys.exit(2)
     if not FLAGS.table_only:
-        launch(FLAGS.methods)
+        todo = [m for m in FLAGS.methods if not finished(FLAGS.workdir, m, FLAGS.seeds, FLAGS.rounds)]
+        for m in sorted(set(FLAGS.methods) - set(todo)):
+            print(f"{m}: finished earlier, skipped", flush=True)
+        launch(todo)
+        print(where_stopped(FLAGS.workdir, FLAGS.methods, FLAGS.seeds, FLAGS.rounds), flush=True)
     present = [m for m in FLAGS.methods if os.path.isdir(os.path.join(FLAGS.workdir, m))]
     print(table(FLAGS.workdir, present, FLAGS.seeds))
 

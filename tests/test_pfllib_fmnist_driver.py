@@ -48,3 +48,25 @@ def test_table_reports_each_methods_rounds_and_the_common_round(tmp_path):
     assert cells["ditto"][5] == "stopped at deadline |"
     assert cells["pfedme"][3:] == ["0", "-", "diverged |"]
     assert cells["fedprox"][5] == "failed (exit 1, see fedprox.log) |"
+
+
+def test_a_rerun_resumes_only_unfinished_methods_from_their_last_checkpoint(tmp_path):
+    workdir, seeds = str(tmp_path), ["0"]
+    write_run(workdir, "fedavg", 0, [0.1, 0.2, 0.3, 0.4], {"status": "completed"})
+    write_run(workdir, "fedper", 0, [0.1, 0.2], {"status": "completed"})  # an earlier, shorter run
+    write_run(workdir, "ditto", 0, [0.1, 0.2, 0.3])  # stopped at a deadline
+    write_run(workdir, "pfedme", 0, [], {"status": "diverged"})
+    for step in ("2", "3", "tmp"):  # orbax step directories, and one that is not a step
+        os.makedirs(os.path.join(workdir, "ditto", "ditto", "replica_checkpoints", step))
+
+    assert [m for m in ("fedavg", "fedper", "ditto", "pfedme") if driver.finished(workdir, m, seeds, 4)] == [
+        "fedavg",
+        "pfedme",
+    ]
+    assert driver.checkpointed_round(workdir, "ditto") == 3
+    assert driver.checkpointed_round(workdir, "fedper") == 0
+    lines = driver.where_stopped(workdir, ["fedper", "ditto"], seeds, 4).splitlines()
+    assert lines == [
+        "fedper: 2 of 4 rounds logged, checkpoint at round 0, completed",
+        "ditto: 3 of 4 rounds logged, checkpoint at round 3, stopped at deadline",
+    ]
