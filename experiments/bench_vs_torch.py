@@ -1,6 +1,6 @@
 """One FedAvg round in pfljax against the same round the PyTorch-library way.
 
-    python -m experiments.bench_vs_torch [--cases=cnn,mlp,fedavgcnn,refcnn,resnet9]
+    python -m experiments.bench_vs_torch [--cases=cnn,mlp,fedavgcnn,refcnn,resnet9,lstm]
         [--clients=10,100] [--split=equal|dirichlet|both] [--rows=0] [--epochs=1]
         [--repeats=3] [--torch_threads=0]
 
@@ -20,17 +20,19 @@ untimed warm-up round each (pfljax's includes compilation):
 
 Same model (layer by layer; the torch modules below are written to the flax
 models' layouts), same client sizes, batch size, epochs and plain SGD (lr 0.01,
-no momentum). Data are random arrays of the right shapes (throughput only);
-`--split=dirichlet` draws unequal client sizes from a Dirichlet(0.1) label split
-(pfljax.data.partition.dirichlet) of random labels.
+no momentum), same loss. Data are random arrays of the right shapes (throughput
+only; for the LSTM, windows of random character ids, one in eight ending in
+padding); `--split=dirichlet` draws unequal client sizes from a Dirichlet(0.1)
+label split (pfljax.data.partition.dirichlet) of random labels.
 
 Each JSON line gives seconds per round (median, min, max over repeats), samples
 per second (real samples: E * sum of client sizes), the ratio torch / pfljax of
 median times, the round's FLOPs counted by hand (forward multiply-adds x 2,
-training step = 3 x forward: forward, and a backward of about twice the forward),
-the achieved GFLOP/s of both sides as a fraction of a float32 2048^3 matmul peak
-measured in the same process by each framework, XLA's own cost count of one
-training step per sample for comparison, and the machine's load average.
+training step = 3 x forward: forward, and a backward of about twice the forward;
+the LSTM's at every time step), the achieved GFLOP/s of both sides as a fraction
+of a float32 2048^3 matmul peak measured in the same process by each framework,
+XLA's own cost count of one training step per sample for comparison, and the
+machine's load average.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from absl import app, flags
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import take
 from pfljax.core.local import LocalTraining, make_local_train
+from pfljax.core.losses import PAD_ID
 from pfljax.core.types import ClientData
 from pfljax.data.federated import pad_clients
 from pfljax.data.partition import dirichlet
@@ -85,6 +88,19 @@ CASES = {
     ),
     # pfljax's ResNet-9 (the Factorized-FL network, BatchNorm in train mode).
     "resnet9": dict(model="resnet9", input_shape=(32, 32, 3), classes=10, rows=32, batch=32, kwargs={}),
+    # The Shakespeare char-LSTM (pfljax/models/lstm.py; configs/tff_shakespeare.py): 80-character
+    # windows, embedding 8, two LSTM layers of 256, logits over a vocabulary of 80 at every
+    # position, per-token cross-entropy with padding (id 0) masked. LEAF's batch of 10; 20
+    # windows per client (2 steps): 78 GFLOP a round at 10 clients, seconds on a loaded 2-core CPU.
+    "lstm": dict(
+        model="char_lstm",
+        input_shape=(80,),
+        classes=80,
+        rows=20,
+        batch=10,
+        kwargs={"embed": 8, "hidden": (256, 256), "last_only": False},
+        loss="token_cross_entropy",
+    ),
 }
 
 
@@ -95,6 +111,15 @@ def forward_flops(name: str, spec: dict) -> float:
     """Forward FLOPs of one sample (2 x multiply-adds of convolutions and dense
     layers; bias, ReLU, pooling and BatchNorm are left out, under 1%)."""
     kw = spec["kwargs"]
+    if spec["model"] == "char_lstm":
+        # Per time step: each layer's four gates, 4 H (in + H); the head H V; the embedding
+        # is a lookup. (Gate nonlinearities and products, ~10 H per layer, are left out.)
+        width, macs = kw["embed"], 0
+        for hid in kw["hidden"]:
+            macs += 4 * hid * (width + hid)
+            width = hid
+        steps = spec["input_shape"][0]
+        return 2.0 * steps * (macs + width * spec["classes"])
     h, w, cin = spec["input_shape"] if len(spec["input_shape"]) == 3 else (1, 1, spec["input_shape"][0])
     macs = 0
     if name == "mlp":
@@ -184,7 +209,8 @@ def _sync():
 
 def torch_model(name: str, spec: dict):
     """The torch module of a case, written to the flax model's layout: NCHW inside,
-    but features are flattened in NHWC order so that flax Dense kernels carry over."""
+    but features are flattened in NHWC order so that flax Dense kernels carry over
+    (the char LSTM: flax_lstm_to_torch_state)."""
     import torch
     from torch import nn
 
@@ -249,19 +275,87 @@ def torch_model(name: str, spec: dict):
             x = x + self.cbr(self.cbr(x, 5), 6)
             return self.head(self.cbr(x, 7).amax(dim=(2, 3)))
 
+    class CharLSTM(nn.Module):
+        """The usual torch port of LEAF's Shakespeare model: nn.Embedding, one nn.LSTM of
+        len(hidden) layers (batch_first), nn.Linear at every position (or the last).
+
+        nn.LSTM has two bias vectors per layer, b_ih + b_hh, where flax's cell has one;
+        trained both, the sum would take twice the step. b_ih is held at zero and frozen
+        (not a parameter the optimizer sees), b_hh is flax's bias: the same model.
+        """
+
+        def __init__(self):
+            super().__init__()
+            widths = tuple(kw["hidden"])
+            if len(set(widths)) != 1:
+                raise ValueError(f"one nn.LSTM needs equal layer widths, got {widths}")
+            self.embedding = nn.Embedding(spec["classes"], kw["embed"])
+            self.lstm = nn.LSTM(kw["embed"], widths[0], num_layers=len(widths), batch_first=True)
+            for k in range(len(widths)):
+                bias = getattr(self.lstm, f"bias_ih_l{k}")
+                nn.init.zeros_(bias)
+                bias.requires_grad_(False)
+            self.head = nn.Linear(widths[0], spec["classes"])
+            self.last_only = kw.get("last_only", True)
+
+        def forward(self, x):
+            h, _ = self.lstm(self.embedding(x))
+            return self.head(h[:, -1] if self.last_only else h)
+
     if name == "mlp":
         return MLP()
     if spec["model"] == "cnn":
         return CNN()
     if name == "resnet9":
         return ResNet9()
+    if spec["model"] == "char_lstm":
+        return CharLSTM()
     raise ValueError(f"no torch model for case {name!r}")
+
+
+GATES = ("i", "f", "g", "o")  # torch.nn.LSTM's row blocks of weight_ih / weight_hh / biases
+
+
+def flax_lstm_to_torch_state(params: dict, module) -> dict:
+    """The torch state_dict of CharLSTM holding a flax CharLSTM's parameters.
+
+    flax's (Optimized)LSTMCell keeps per gate g in (i, f, g, o) an input kernel `i{g}`
+    [in, H] (no bias) and a recurrent kernel and bias `h{g}` [H, H], [H]; torch.nn.LSTM
+    stacks the gates in the same order along rows: weight_ih_l{k} [4H, in],
+    weight_hh_l{k} [4H, H], bias_hh_l{k} [4H] (bias_ih_l{k}: zeros, see CharLSTM).
+    """
+    import torch
+
+    def t(a):
+        return torch.tensor(np.ascontiguousarray(np.asarray(a)))
+
+    state = {"embedding.weight": t(params["embedding"]["embedding"])}
+    k = 0
+    while f"lstm_{k}" in params:
+        cell = params[f"lstm_{k}"]
+        ih = np.concatenate([np.asarray(cell[f"i{g}"]["kernel"]) for g in GATES], axis=1)
+        hh = np.concatenate([np.asarray(cell[f"h{g}"]["kernel"]) for g in GATES], axis=1)
+        b = np.concatenate([np.asarray(cell[f"h{g}"]["bias"]) for g in GATES])
+        state[f"lstm.weight_ih_l{k}"] = t(ih.T)
+        state[f"lstm.weight_hh_l{k}"] = t(hh.T)
+        state[f"lstm.bias_ih_l{k}"] = torch.zeros(len(b))
+        state[f"lstm.bias_hh_l{k}"] = t(b)
+        k += 1
+    if k != module.lstm.num_layers:
+        raise ValueError(f"{k} flax LSTM layers for {module.lstm.num_layers} torch layers")
+    state["head.weight"] = t(np.asarray(params["head"]["kernel"]).T)
+    state["head.bias"] = t(params["head"]["bias"])
+    return state
 
 
 def flax_to_torch_state(params: dict, module) -> dict:
     """The torch state_dict holding a flax CNN / MLP's parameters (module order =
-    flax layer order; conv kernels HWIO -> OIHW, dense kernels transposed)."""
+    flax layer order; conv kernels HWIO -> OIHW, dense kernels transposed; the
+    char LSTM: flax_lstm_to_torch_state)."""
     import torch
+
+    if "embedding" in params:
+        return flax_lstm_to_torch_state(params, module)
 
     layers = [v for _, v in sorted(params.items(), key=lambda kv: _layer_key(kv[0]))]
     targets = [m for m in module.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)]
@@ -284,6 +378,34 @@ def _layer_key(name: str):
     return order[kind], int(idx or 0)
 
 
+def torch_inputs(x: np.ndarray):
+    """A client's inputs as torch wants them: NHWC -> NCHW images, int64 token ids."""
+    import torch
+
+    if np.issubdtype(x.dtype, np.integer):
+        return torch.from_numpy(x.astype(np.int64))
+    return torch.from_numpy(x.transpose(0, 3, 1, 2).copy() if x.ndim == 4 else x)
+
+
+def torch_loss(spec: dict):
+    """The case's loss in torch: F.cross_entropy, or pfljax's "token_cross_entropy"
+    (each sequence's mean over its non-padding tokens, then the mean over the batch;
+    not F.cross_entropy(ignore_index=0), which weighs sequences by their token counts)."""
+    import torch.nn.functional as F
+
+    if spec.get("loss", "cross_entropy") == "cross_entropy":
+        return F.cross_entropy
+    if spec["loss"] != "token_cross_entropy":
+        raise ValueError(f"no torch loss {spec['loss']!r}")
+
+    def token_cross_entropy(logits, y):  # [B, T, V], [B, T]
+        ce = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")
+        mask = (y != PAD_ID).to(ce.dtype)
+        return ((ce * mask).sum(1) / mask.sum(1).clamp(min=1.0)).mean()
+
+    return token_cross_entropy
+
+
 def torch_loaders(xs, ys, batch: int, seed: int = 0):
     """One DataLoader per client (NHWC numpy -> NCHW tensors), shuffled each epoch."""
     import torch
@@ -293,16 +415,18 @@ def torch_loaders(xs, ys, batch: int, seed: int = 0):
     dev = torch_device()
     loaders = []
     for x, y in zip(xs, ys):
-        xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy() if x.ndim == 4 else x).to(dev)
+        xt = torch_inputs(x).to(dev)
         yt = torch.from_numpy(y.astype(np.int64)).to(dev)
         loaders.append(DataLoader(TensorDataset(xt, yt), batch_size=batch, shuffle=True, generator=g))
     return loaders
 
 
-def torch_round(model, global_state: dict, loaders, sizes, epochs: int, lr: float) -> dict:
+def torch_round(model, global_state: dict, loaders, sizes, epochs: int, lr: float, loss_fn=None) -> dict:
     """One FedAvg round the FL-bench / PFLlib way; returns the new global state_dict."""
     import torch
     import torch.nn.functional as F
+
+    loss_fn = loss_fn or F.cross_entropy
 
     new_states = []
     for loader in loaders:
@@ -312,7 +436,7 @@ def torch_round(model, global_state: dict, loaders, sizes, epochs: int, lr: floa
         for _ in range(epochs):
             for xb, yb in loader:
                 opt.zero_grad()
-                F.cross_entropy(model(xb), yb).backward()
+                loss_fn(model(xb), yb).backward()
                 opt.step()
         new_states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
     w = torch.tensor(sizes, dtype=torch.float32, device=torch_device())
@@ -328,6 +452,27 @@ def torch_round(model, global_state: dict, loaders, sizes, epochs: int, lr: floa
 
 
 # ---------------------------------------------------------------- one case
+
+
+def client_inputs(spec: dict, sizes, seed: int = 0) -> tuple[list, list]:
+    """Random inputs and targets of each client: normal features and class labels, or
+    for the char LSTM windows of ids 1..V-1 with next-id targets (x = w[:-1], y = w[1:],
+    as pfljax.data.shakespeare.tff_windows cuts them), one window in eight a snippet's
+    last, ending in padding (PAD_ID) from a random position."""
+    rng = np.random.default_rng(seed)
+    if spec["model"] != "char_lstm":
+        xs = [rng.normal(size=(n, *spec["input_shape"])).astype(np.float32) for n in sizes]
+        ys = [rng.integers(0, spec["classes"], n).astype(np.int32) for n in sizes]
+        return xs, ys
+    t = spec["input_shape"][0]
+    xs, ys = [], []
+    for n in sizes:
+        w = rng.integers(1, spec["classes"], (n, t + 1)).astype(np.int32)
+        ends = np.where(rng.random(n) < 1 / 8, rng.integers(2, t + 1, n), t + 1)
+        w[np.arange(t + 1)[None, :] >= ends[:, None]] = PAD_ID
+        xs.append(w[:, :-1])
+        ys.append(w[:, 1:])
+    return xs, ys
 
 
 def client_sizes(
@@ -357,12 +502,11 @@ def run_case(name: str, num_clients: int, split: str, peaks: dict, opts: Options
     spec = CASES[name]
     rows = opts.rows or spec["rows"]
     sizes = client_sizes(num_clients, rows, split, spec["classes"], alpha=opts.alpha)
-    rng = np.random.default_rng(0)
-    xs = [rng.normal(size=(n, *spec["input_shape"])).astype(np.float32) for n in sizes]
-    ys = [rng.integers(0, spec["classes"], n).astype(np.int32) for n in sizes]
+    xs, ys = client_inputs(spec, sizes)
 
     model = build_model(spec["model"], spec["input_shape"], spec["classes"], **spec["kwargs"])
-    local = LocalTraining(optax.sgd(opts.lr), batch_size=spec["batch"], epochs=opts.epochs)
+    loss = spec.get("loss", "cross_entropy")
+    local = LocalTraining(optax.sgd(opts.lr), batch_size=spec["batch"], epochs=opts.epochs, loss=loss)
     arrays = pad_clients(xs, ys)
     data = ClientData(arrays, arrays)
     alg = fedavg.build(model, local)
@@ -373,6 +517,7 @@ def run_case(name: str, num_clients: int, split: str, peaks: dict, opts: Options
     tmodel = torch_model(name, spec).to(torch_device())
     gstate = {k: v.detach().clone() for k, v in tmodel.state_dict().items()}
     loaders = torch_loaders(xs, ys, spec["batch"])
+    loss_fn = torch_loss(spec)
 
     def jax_once(i):
         nonlocal state
@@ -384,7 +529,7 @@ def run_case(name: str, num_clients: int, split: str, peaks: dict, opts: Options
     def torch_once():
         nonlocal gstate
         t0 = time.perf_counter()
-        gstate = torch_round(tmodel, gstate, loaders, sizes, opts.epochs, opts.lr)
+        gstate = torch_round(tmodel, gstate, loaders, sizes, opts.epochs, opts.lr, loss_fn)
         return time.perf_counter() - t0
 
     compile_s = jax_once(0)
@@ -465,7 +610,7 @@ def main(argv):
 def define_flags():
     """The binary's flags, defined only when it runs (importing the module, as the
     test does, must not clash with other experiments' flags such as --lr)."""
-    flags.DEFINE_list("cases", ["cnn", "mlp"], "cases: cnn, mlp, fedavgcnn, refcnn, resnet9")
+    flags.DEFINE_list("cases", ["cnn", "mlp"], "cases: cnn, mlp, fedavgcnn, refcnn, resnet9, lstm")
     flags.DEFINE_list("clients", ["10", "100"], "client counts")
     flags.DEFINE_enum("split", "equal", ["equal", "dirichlet", "both"], "client sizes")
     flags.DEFINE_integer("rows", 0, "rows per client (0: the case's own); dirichlet: the mean")
