@@ -452,7 +452,7 @@ def _summary(o: _Options, share: _Shares, num_classes: int, model_classes: int, 
     return {
         "dataset": o.dataset,
         "task": share.task,
-        "partition": o.partition,
+        "partition": o.partition if share.fixed is None else "users",  # the source's own clients
         "num_clients": o.num_clients,
         "num_classes": model_classes,
         "source_num_classes": int(num_classes),

@@ -144,6 +144,13 @@ RESUMABLE_FIELDS = (
 
 # The natural federated data sets (pfljax.data.leaf, pfljax.data.tff_h5): users as clients.
 NATURAL_DATASETS = ("leaf_femnist", "leaf_shakespeare", "tff_emnist", "tff_shakespeare")
+
+
+def partition_name(config) -> str:
+    """config.partition, or "users" for a natural data set (its users are the clients:
+    config.partition does not apply)."""
+    return "users" if config.dataset in NATURAL_DATASETS else config.partition
+
 # The `config.source.<option>` fields each built-in source takes (others are refused).
 SOURCE_OPTIONS = {
     "simulation": ("samples_per_client", "d", "m", "p", "alpha", "noise_scale", "label_rule"),

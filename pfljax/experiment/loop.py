@@ -37,7 +37,7 @@ from pfljax.core import privacy
 from pfljax.core.blocks import BlockOut
 from pfljax.core.evaluate import summarize
 from pfljax.experiment import plots
-from pfljax.experiment.config import DIVERGENCE_KNOBS, dp_delta
+from pfljax.experiment.config import DIVERGENCE_KNOBS, dp_delta, partition_name
 from pfljax.experiment.outputs import CsvLog, JsonlLog, TensorBoard, jsonable, write_json
 
 BASE_KEYS = ("accuracy", "loss", "count")
@@ -395,7 +395,7 @@ def base_summary(config, host, per_client, compile_seconds, t_start, mesh_size) 
         "status": STATUS_COMPLETED,
         "algorithm": config.algorithm,
         "dataset": config.dataset,
-        "partition": config.partition,
+        "partition": partition_name(config),
         "rounds": config.rounds,
         "num_clients": config.num_clients,
         "seed": config.seed,
@@ -426,7 +426,7 @@ def optional_reports(alg, fed_data, state, per_client: dict, key) -> dict:
 
 def data_title(config) -> str:
     """'<dataset>, <C> clients, partition <p>' with the partition's parameter."""
-    partition = config.partition
+    partition = partition_name(config)
     if config.dataset == "simulation":
         partition = "per-client generator"
     elif partition == "dirichlet":

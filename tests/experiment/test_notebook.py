@@ -1,4 +1,4 @@
-"""experiments/notebooks/quickstart.ipynb: installs itself into a fresh virtualenv and runs headless (nbclient)."""
+"""quickstart.ipynb: installs itself into a fresh virtualenv and runs there headless (nbclient)."""
 
 import os
 import subprocess
