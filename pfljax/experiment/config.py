@@ -151,6 +151,7 @@ def partition_name(config) -> str:
     config.partition does not apply)."""
     return "users" if config.dataset in NATURAL_DATASETS else config.partition
 
+
 # The `config.source.<option>` fields each built-in source takes (others are refused).
 SOURCE_OPTIONS = {
     "simulation": ("samples_per_client", "d", "m", "p", "alpha", "noise_scale", "label_rule"),
