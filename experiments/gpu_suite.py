@@ -32,11 +32,11 @@ simulation data instead of Fashion-MNIST): the whole suite runs on a CPU in seco
 
 On the lent GPU (no network there; /work/shared/GPU.md): once, in the repository root,
     echo /.whl/ >> .git/info/exclude; echo /.gpudata/ >> .git/info/exclude
-    pip download --no-deps -d .whl ml_collections tensorboardX
+    pip download --no-deps -d .whl ml_collections tensorboardX dp-accounting
     cp -r /usr/share/datasets/fashion-mnist .gpudata/
 then one `run` call carrying [".whl", ".gpudata"] (timeout 600 s):
-    python3 -m pip install --no-index --no-deps --target .pysite .whl/*.whl;
-    export PYTHONPATH=$PWD/.pysite:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false;
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl;
+    export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false;
     mkdir -p /usr/share/datasets && cp -r .gpudata/fashion-mnist /usr/share/datasets/;
     python3 -m experiments.gpu_suite --out=$OUT/gpu_suite.jsonl
 """
