@@ -46,6 +46,7 @@ from pfljax.core.sampling import check_clients_per_round, sample_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData, ClientPool, ClientView
 
 PyTree = Any
+STORAGES = ("device", "host")  # where the clients live: config.client_storage
 EVAL_CLIENTS = 4096  # clients per evaluation dispatch (the last chunk repeats the last client)
 
 
@@ -143,6 +144,7 @@ class Offload:
         self.layout = Layout.of(template)
         self._round = jax.jit(self._step)  # no donation: the view's global leaves outlive a bad round
         self._evaluate = jax.jit(algorithm.evaluate)
+        self._out_info = {}  # length -> BlockOut of ShapeDtypeStructs
         num, k = self.num, self.k
         self._ids = jax.jit(jax.vmap(lambda key, r: sample_clients(round_keys(key, r)[0], num, k), (None, 0)))
 
@@ -180,10 +182,11 @@ class Offload:
         return jax.device_put(gather_data(self.data, ids))
 
     # Rounds and evaluation.
-    def round(self, hs: HostState, key: jax.Array, ids: np.ndarray, data: ClientData):
-        """Dispatches one round on the view of `ids` (data: `prefetch(ids)`); returns
-        its device outputs (new view, metrics, finite) without waiting."""
-        return self._round(self.view(hs, ids), data, key)
+    def round(self, hs: HostState, key: jax.Array, ids: np.ndarray, data: ClientData, step=None):
+        """Dispatches one round on the view of `ids` (data: `prefetch(ids)`; `step`: the
+        compiled round of `lower`, else jitted here); returns its device outputs (new
+        view, metrics, finite) without waiting."""
+        return (step or self._round)(self.view(hs, ids), data, key)
 
     def evaluate(self, hs: HostState, key: jax.Array) -> dict:
         """Per-client metrics [C] (host numpy), EVAL_CLIENTS clients per dispatch."""
@@ -194,13 +197,24 @@ class Offload:
         outs = jax.device_get(outs)
         return {name: np.concatenate([o[name] for o in outs])[: self.num] for name in outs[0]}
 
-    def shapes(self, hs: HostState, key: jax.Array) -> tuple[dict, dict]:
-        """(round metrics, per-client [C] evaluation) as ShapeDtypeStructs."""
+    def out_info(self, hs: HostState, key: jax.Array, length: int) -> BlockOut:
+        """The BlockOut of `length` rounds as ShapeDtypeStructs (metrics [L, ...],
+        per-client evaluation [L, C], flags [L]); traced once per length."""
+        if length not in self._out_info:
+            self._out_info[length] = self._trace_out_info(hs, key, length)
+        return self._out_info[length]
+
+    def _trace_out_info(self, hs: HostState, key: jax.Array, length: int) -> BlockOut:
         ids = np.arange(self.k)
         view, data = self.view(hs, ids), gather_data(self.data, ids)
         _, metrics, _ = jax.eval_shape(self._step, view, data, key)
         one = jax.eval_shape(self.algorithm.evaluate, view, data, key)
-        return metrics, {n: jax.ShapeDtypeStruct((self.num,) + s.shape[1:], s.dtype) for n, s in one.items()}
+        stacked = lambda shape, dtype: jax.ShapeDtypeStruct((length, *shape), dtype)  # noqa: E731
+        return BlockOut(
+            {n: stacked(s.shape, s.dtype) for n, s in metrics.items()},
+            {n: stacked((self.num, *s.shape[1:]), s.dtype) for n, s in one.items()},
+            *(stacked((), bool) for _ in range(5)),
+        )
 
     def lower(self, hs: HostState, key: jax.Array):
         """The round lowered for the view of K clients (its memory_analysis follows K)."""
@@ -208,7 +222,7 @@ class Offload:
         return self._round.lower(self.view(hs, ids), jax.device_put(gather_data(self.data, ids)), key)
 
     def block(
-        self, hs: HostState, key, eval_key, schedule, length: int, evaluate_at: Callable
+        self, hs: HostState, key, eval_key, schedule, length: int, evaluate_at: Callable, step=None
     ) -> tuple[HostState, BlockOut]:
         """Rounds start+1 .. stop of `schedule` = [start, stop, eval_every, last], one
         dispatch each, the next round's data prefetched while one runs; evaluation
@@ -217,18 +231,13 @@ class Offload:
         (host numpy). A round that is not finite is not written back; the block stops
         there (its `ok` False), keeping the state of the round before."""
         start, stop, every, last = (int(v) for v in np.asarray(schedule))
-        metric_shapes, eval_shapes = self.shapes(hs, key)
-        out = BlockOut(
-            {n: np.zeros((length,) + s.shape, s.dtype) for n, s in metric_shapes.items()},
-            {n: np.zeros((length,) + s.shape, s.dtype) for n, s in eval_shapes.items()},
-            *(np.zeros(length, bool) for _ in range(5)),
-        )
+        out = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self.out_info(hs, key, length))
         todo = max(stop - start, 0)
         ids = self.participant_ids(key, np.arange(start, start + todo)) if todo else None
         pending = self.prefetch(ids[0]) if todo else None
         for i in range(todo):
             r = start + i + 1
-            new, metrics, finite = self.round(hs, key, ids[i], pending)
+            new, metrics, finite = self.round(hs, key, ids[i], pending, step)
             if i + 1 < todo:
                 pending = self.prefetch(ids[i + 1])  # while round r runs
             client, other = self.layout.split(new)
@@ -253,3 +262,43 @@ class Offload:
                     break
             out.ok[i] = True
         return hs, out
+
+
+class HostBlock(NamedTuple):
+    """`Offload.block` of `length` rounds with the interface of a jitted block that the
+    run loop compiles ahead of time (pfljax.experiment.loop.compile_block): `lower(state,
+    data, key, eval_key, schedule)` -> `.out_info`, `.compile()` -> a callable with the
+    block's signature and the compiled round's `memory_analysis()`. `data` is unused
+    (the clients' data are the Offload's, in host memory)."""
+
+    offload: Offload
+    length: int
+    evaluate_at: Callable
+
+    def lower(self, hs: HostState, data, key, eval_key, schedule) -> LoweredHostBlock:
+        del data, eval_key, schedule
+        return LoweredHostBlock(
+            self, self.offload.lower(hs, key), (None, self.offload.out_info(hs, key, self.length))
+        )
+
+
+class LoweredHostBlock(NamedTuple):
+    block: HostBlock
+    round: Any  # jax.stages.Lowered of the round on K clients
+    out_info: tuple
+
+    def compile(self) -> CompiledHostBlock:
+        return CompiledHostBlock(self.block, self.round.compile())
+
+
+class CompiledHostBlock(NamedTuple):
+    block: HostBlock
+    round: Any  # jax.stages.Compiled
+
+    def __call__(self, hs: HostState, data, key, eval_key, schedule) -> tuple[HostState, BlockOut]:
+        del data
+        b = self.block
+        return b.offload.block(hs, key, eval_key, schedule, b.length, b.evaluate_at, self.round)
+
+    def memory_analysis(self):
+        return self.round.memory_analysis()
