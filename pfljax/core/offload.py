@@ -21,7 +21,7 @@ round of a block are sampled at its start, in one dispatch.
 A round is still one compiled program, but each round is one dispatch: its
 gather and scatter are host events, so a block of L rounds (pfljax.core.blocks's
 BlockOut, the run loop's unit) is L dispatches, with evaluation where it falls,
-over all C clients in chunks of EVAL_CLIENTS.
+over all C clients in chunks of K clients (`eval_clients`).
 
 Which algorithms: those whose round reads and writes only its participants' rows
 (per-client state of O(parameters)). A module whose round cannot declares why in
@@ -47,7 +47,6 @@ from pfljax.core.types import Algorithm, ClientArrays, ClientData, ClientPool, C
 
 PyTree = Any
 STORAGES = ("device", "host")  # where the clients live: config.client_storage
-EVAL_CLIENTS = 4096  # clients per evaluation dispatch (the last chunk repeats the last client)
 
 
 def is_client_leaf(path) -> bool:
@@ -125,7 +124,8 @@ class Offload:
       data: every client's ClientData (moved to host numpy here).
       clients_per_round: K, as given to the algorithm's build (None: all C).
       template: a state of the algorithm for C clients (arrays or ShapeDtypeStructs).
-      eval_clients: clients per evaluation dispatch.
+      eval_clients: clients per evaluation dispatch (None: K, so that evaluation's
+        device memory follows K too; the last chunk repeats the last client).
     """
 
     def __init__(
@@ -134,13 +134,13 @@ class Offload:
         data: ClientData,
         clients_per_round: int | None,
         template: PyTree,
-        eval_clients: int = EVAL_CLIENTS,
+        eval_clients: int | None = None,
     ):
         self.algorithm = algorithm
         self.data = jax.device_get(ClientData(data.train, data.test))
         self.num = int(np.shape(self.data.train.count)[0])
         self.k = check_clients_per_round(clients_per_round, self.num)
-        self.eval_clients = min(eval_clients, self.num)
+        self.eval_clients = min(eval_clients or self.k, self.num)
         self.layout = Layout.of(template)
         self._round = jax.jit(self._step)  # no donation: the view's global leaves outlive a bad round
         self._evaluate = jax.jit(algorithm.evaluate)
@@ -189,12 +189,16 @@ class Offload:
         return (step or self._round)(self.view(hs, ids), data, key)
 
     def evaluate(self, hs: HostState, key: jax.Array) -> dict:
-        """Per-client metrics [C] (host numpy), EVAL_CLIENTS clients per dispatch."""
-        outs, e = [], self.eval_clients
+        """Per-client metrics [C] (host numpy), `eval_clients` clients per dispatch; a
+        chunk's results come back while the next chunk runs."""
+        outs, running, e = [], None, self.eval_clients
         for start in range(0, self.num, e):
             ids = np.minimum(np.arange(start, start + e), self.num - 1)
-            outs.append(self._evaluate(self.view(hs, ids), self.prefetch(ids), key))
-        outs = jax.device_get(outs)
+            chunk = self._evaluate(self.view(hs, ids), self.prefetch(ids), key)
+            if running is not None:
+                outs.append(jax.device_get(running))
+            running = chunk
+        outs.append(jax.device_get(running))
         return {name: np.concatenate([o[name] for o in outs])[: self.num] for name in outs[0]}
 
     def out_info(self, hs: HostState, key: jax.Array, length: int) -> BlockOut:
