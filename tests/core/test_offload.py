@@ -2,10 +2,11 @@
 
 Every algorithm that allows host storage runs 3 rounds with 2 evaluations with its
 clients in host memory (a block, `Offload.block`) and on the device (one jitted
-round at a time): state, metrics and evaluations equal (rtol 1e-5), 6 clients of which 2 take part per round, on
-a ClientPool of uint8 codes. The refusing algorithms name why. Sampling above
-FLOYD_MIN_CLIENTS: K distinct sorted ids, the same from the view's host as in
-the round.
+round at a time): state, metrics and evaluations equal (rtol 1e-5); 6 clients of
+which 2 take part per round, a ClientPool of uint8 codes, evaluation in chunks of
+4 clients (the last padded). The refusing algorithms name why. Sampling above
+FLOYD_MIN_CLIENTS: K distinct sorted ids, every subset equally likely; the host's
+ids are the round's own sample.
 """
 
 import chex
