@@ -43,7 +43,7 @@ def run_both(alg, rounds=3, eval_every=2):
     host BlockOut) of `rounds` rounds, evaluated after round `eval_every` and the last."""
     data = toy_pool_data(COUNTS)[0]
     key, eval_key = jax.random.key(3), jax.random.key(9)
-    state = alg.init(jax.random.key(0), None, NUM)
+    state = jax.jit(alg.init, static_argnums=2)(jax.random.key(0), None, NUM)
 
     offload = Offload(alg, data, K, state, eval_clients=4)  # 2 evaluation chunks, the last padded
     hs = offload.from_state(jax.device_get(state))
