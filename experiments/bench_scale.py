@@ -35,8 +35,10 @@ each client runs only its own steps on CPU). Both run in the same process.
   device bytes (accelerators: the device's peak_bytes_in_use; CPU: the live device
   arrays at the pipeline's fullest, after a round's dispatch and the next round's
   prefetch, plus the compiled round's temporaries). Target: the 1,000,000-client
-  round within 2x the 10,000-client one. One JSON line with `case` "million",
-  `million_over_10k` (round time ratio) and `peak_device_bytes` of both sizes.
+  round within 2x the 10,000-client one. Also 10,000 clients in host memory (the
+  offload's own cost at the same C) and each size's sampling time. The last JSON
+  line has `case` "million", `million_over_10k` (round time ratio) and
+  `peak_device_bytes` of both sizes.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from pfljax.core.local import LocalTraining
 from pfljax.core.memory import device_memory_bytes, host_memory_report, max_clients, memory_report
 from pfljax.core.offload import HostBlock, Offload, gather_data
 from pfljax.core.params import tree_bytes
+from pfljax.core.sampling import sample_clients
 from pfljax.core.types import ClientData, ClientPool
 from pfljax.data import build_federated_data, pool_clients
 from pfljax.models import build_model
@@ -373,11 +376,26 @@ def million_on_host(num: int, rounds: int) -> dict:
     }
 
 
+def sample_ms(num: int, k: int, repeats: int = 5) -> float:
+    """Milliseconds of one round's sampling of k of num clients (`sample_clients`, jitted):
+    a permutation of num up to FLOYD_MIN_CLIENTS, Floyd's algorithm above."""
+    fn = jax.jit(sample_clients, static_argnums=(1, 2))
+    jax.block_until_ready(fn(jax.random.key(0), num, k))
+    t0 = time.perf_counter()
+    for r in range(repeats):
+        jax.block_until_ready(fn(jax.random.key(r + 1), num, k))
+    return (time.perf_counter() - t0) / repeats * 1e3
+
+
 def case_million() -> None:
     rounds = max(MILLION_BLOCK, FLAGS.million_rounds // MILLION_BLOCK * MILLION_BLOCK)
     small = million_on_device(FLAGS.million_compare, rounds)  # first: its peak RSS is its own
+    small["sample_ms"] = sample_ms(FLAGS.million_compare, FLAGS.million_per_round)
     emit({"case": "million", **{k: round(v, 4) if isinstance(v, float) else v for k, v in small.items()}})
+    same = million_on_host(FLAGS.million_compare, rounds)  # the offload's own cost at the same C
+    emit({"case": "million", **{k: round(v, 4) if isinstance(v, float) else v for k, v in same.items()}})
     big = million_on_host(FLAGS.million_clients, rounds)
+    big["sample_ms"] = sample_ms(FLAGS.million_clients, FLAGS.million_per_round)
     emit({"case": "million", **{k: round(v, 4) if isinstance(v, float) else v for k, v in big.items()}})
     ratio = big["round_s"] / small["round_s"]
     emit(
@@ -389,6 +407,7 @@ def case_million() -> None:
             "clients": [small["clients"], big["clients"]],
             "per_round": FLAGS.million_per_round,
             "rounds_per_s": [round(small["rounds_per_s"], 2), round(big["rounds_per_s"], 2)],
+            "sample_ms": [round(small["sample_ms"], 2), round(big["sample_ms"], 2)],
             "peak_device_bytes": {
                 str(small["clients"]): small["peak_device_bytes"],
                 str(big["clients"]): big["peak_device_bytes"],
@@ -398,6 +417,7 @@ def case_million() -> None:
                 str(small["clients"]): small["peak_rss_bytes"],
                 str(big["clients"]): big["peak_rss_bytes"],
             },
+            "host_over_device_at_10k": round(same["round_s"] / small["round_s"], 3),
             "load_average": [round(x, 2) for x in os.getloadavg()],
         }
     )

@@ -894,7 +894,11 @@ def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
     from pfljax.sharding import client_mesh  # pylint: disable=import-outside-toplevel
 
     config, notes = resolve(config)
-    fed_data = make_data(config) if fed_data is None else fed_data
+    if fed_data is None:
+        # Host storage: the data are built in host memory (the CPU device), never on an accelerator.
+        host = config.client_storage == "host"
+        with jax.default_device(jax.local_devices(backend="cpu")[0]) if host else contextlib.nullcontext():
+            fed_data = make_data(config)
     model = make_model(config, fed_data)
     mesh = client_mesh(1 if config.client_storage == "host" else config.num_devices)
     algorithm = make_algorithm(
