@@ -41,19 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from pfljax.core.blocks import BlockOut, all_finite
-from pfljax.core.clients import round_keys
+from pfljax.core.clients import is_client_leaf, round_keys
 from pfljax.core.sampling import check_clients_per_round, sample_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData, ClientPool, ClientView
 
 PyTree = Any
 STORAGES = ("device", "host")  # where the clients live: config.client_storage
-
-
-def is_client_leaf(path) -> bool:
-    """True for leaves under a state field whose name starts with 'client_'."""
-    first = path[0] if path else None
-    name = getattr(first, "name", getattr(first, "key", None))
-    return isinstance(name, str) and name.startswith("client_")
 
 
 class Layout(NamedTuple):
