@@ -48,7 +48,8 @@ from pfljax.sharding import shard_algorithm, state_shardings
 
 MEMORY_HINT = (
     "lower --config.num_clients or --config.samples_per_client, pick a smaller --config.model, "
-    "or spread the clients over more devices (--config.num_devices)"
+    "spread the clients over more devices (--config.num_devices), or keep them in host memory "
+    "(--config.client_storage=host, with clients_per_round)"
 )
 EVAL_STREAM = 0xE7A1  # evaluation keys: fold_in(fold_in(run_key, EVAL_STREAM), round)
 
