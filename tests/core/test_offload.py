@@ -21,6 +21,7 @@ from pfljax.core.clients import round_keys
 from pfljax.core.local import LocalTraining
 from pfljax.core.memory import host_memory_report
 from pfljax.core.offload import Offload, gather_data
+from pfljax.core.privacy import ClientDP
 from pfljax.core.sampling import FLOYD_MIN_CLIENTS, floyd_sample, sample_clients
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
@@ -83,6 +84,14 @@ def test_an_option_that_keeps_to_the_participants_allows_host_storage(name, opti
     assert algorithms.host_storage_refusal(name) and algorithms.host_storage_refusal(name, options) is None
     device_state, _, host_state, _ = run_both(make(name, **options), rounds=2)
     chex.assert_trees_all_close(host_state, device_state, rtol=1e-5, atol=1e-6)
+
+
+def test_client_level_dp_draws_the_same_clipping_and_noise():
+    device_state, (metrics, _), host_state, out = run_both(
+        make("fedavg", privacy=ClientDP(1.0, 0.5)), rounds=2
+    )
+    chex.assert_trees_all_close(host_state, device_state, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[1], out.metrics), metrics[1], rtol=1e-5, atol=1e-6)
 
 
 def test_every_refusal_is_one_line_naming_why():

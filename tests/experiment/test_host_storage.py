@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pfljax.experiment.config import ConfigError, base_config, prepare
+from pfljax.experiment.sweep import train_replicas
 from pfljax.experiment.train import train_and_evaluate
 from tests.experiment.tiny import ROOT, TINY_FLAGS, binary_env, tiny_config
 
@@ -51,6 +52,13 @@ def test_refusals_name_the_option_and_why():
         ConfigError, match=r"config.client_storage must be one of \('device', 'host'\), got 'disk'"
     ):
         prepare(config("disk", 1))
+
+
+def test_replicas_as_one_program_refuse_host_storage(tmp_path):
+    with pytest.raises(ConfigError, match=r"client_storage='host' runs one run at a time"):
+        train_replicas(
+            [config("host", 1)], [str(tmp_path / "r")], checkpoint_dir=str(tmp_path / "c"), dry_run=True
+        )
 
 
 def test_bad_input_is_one_line_and_exit_2_before_training(tmp_path):
