@@ -15,8 +15,11 @@ so both give the same numbers (tests/core/test_offload.py, every algorithm that
 allows host storage). Device memory follows K, not C: the view (the
 participants' data rows and state rows), the rest of the state, the round's
 temporaries, and the next round's data rows, prefetched (gathered on the host
-and put on the device) while the current round runs. The participants of every
-round of a block are sampled at its start, in one dispatch.
+and put on the device) while the current round runs (JAX's asynchronous
+dispatch). The state rows are gathered after the previous round's rows are
+written back (a client may take part in both); they are K rows, the data K
+clients' windows. The participants of every round of a block are sampled at its
+start, in one dispatch.
 
 A round is still one compiled program, but each round is one dispatch: its
 gather and scatter are host events, so a block of L rounds (pfljax.core.blocks's
