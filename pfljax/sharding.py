@@ -53,7 +53,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pfljax.core.clients import ClientMap, as_client_map
+from pfljax.core.clients import ClientMap, as_client_map, is_client_leaf
 from pfljax.core.types import Algorithm, ClientArrays, ClientData, ClientPool
 
 PyTree = Any
@@ -104,13 +104,6 @@ def client_rows(arrays: ClientPool | ClientArrays, fn: Callable) -> ClientPool |
     if isinstance(arrays, ClientPool):
         return arrays.replace(offset=fn(arrays.offset), count=fn(arrays.count))
     return jax.tree.map(fn, arrays)
-
-
-def is_client_leaf(path) -> bool:
-    """True for leaves under a state field whose name starts with 'client_'."""
-    first = path[0] if path else None
-    name = getattr(first, "name", getattr(first, "key", None))
-    return isinstance(name, str) and name.startswith("client_")
 
 
 def map_client_leaves(state: PyTree, client_fn: Callable, other_fn: Callable = lambda x: x) -> PyTree:

@@ -4,10 +4,14 @@ The registry is this package: `get(name)` imports `pfljax.algorithms.<name>`, so
 new algorithm is one new module (and its test) and nothing else; `pfljax.<name>`
 and README's list follow from `available()` (tests/test_readme.py checks README).
 
-A module may declare two constants, read only here: `MODEL_VARIANTS: dict[str, str]`,
+A module may declare three constants, read only here: `MODEL_VARIANTS: dict[str, str]`,
 the model names it accepts, each mapped to the model it trains (FedBN: "cnn" ->
 "cnn_bn"; without it any model is used as given), and `RENAMED_OPTIONS: dict[str,
-str]`, old option names -> new ones (refused with a message naming the new one).
+str]`, old option names -> new ones (refused with a message naming the new one);
+and `HOST_STORAGE_REFUSED`, why its clients cannot live in host memory
+(`pfljax.core.offload`: its round reads or writes rows of clients that do not take
+part, or keeps O(C) state per client): a string, or a function of the build options
+returning one or None; without it, host storage is allowed.
 Every numeric option of `build` has a domain (`pfljax.core.domains.Domain`), declared
 next to the options as `DOMAINS` and given to `@checked(DOMAINS)` on `build`;
 `domains(name)` reads them (the experiment config checks its values against them).
@@ -61,6 +65,13 @@ def renamed_option(name: str, option: str) -> str | None:
     if name not in available():
         return None
     return vars(get(name)).get("RENAMED_OPTIONS", {}).get(option)
+
+
+def host_storage_refusal(name: str, options: dict | None = None) -> str | None:
+    """Why algorithm `name` (built with `options`) cannot keep its clients in host
+    memory, or None when it can."""
+    refused = vars(get(name)).get("HOST_STORAGE_REFUSED")
+    return refused(dict(options or {})) if callable(refused) else refused
 
 
 def supports_privacy(name: str) -> bool:

@@ -520,6 +520,12 @@ def resolve_match_layer(model: Model, match_layer: str) -> str:
     return match_layer
 
 
+# Why the clients cannot live in host memory (pfljax.core.offload).
+HOST_STORAGE_REFUSED = (
+    "each client keeps a row of [C, C] similarities (O(C) "
+    "state per client) and its round matches every client"
+)
+
 DOMAINS = {
     "tau": Domain(note="a cosine-similarity threshold; above 1: only the min_keep most similar"),
     "epsilon": Domain(0),

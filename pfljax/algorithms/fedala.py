@@ -213,6 +213,16 @@ def evaluate(
     return evaluate_clients(model.apply, variables_of, data.test, client_map, loss)
 
 
+def HOST_STORAGE_REFUSED(options: dict) -> str | None:  # noqa: N802  (read by pfljax.algorithms)
+    """Why the clients cannot live in host memory with these build options, or None."""
+    if options.get("all_clients", False):
+        return (
+            "all_clients=True runs ALA on every client each round; all_clients=False "
+            "(the default) only on the participants"
+        )
+    return None
+
+
 DOMAINS = {
     "eta": Domain(0),
     "rand_percent": Domain(0, 100, low_open=True, integer=True),

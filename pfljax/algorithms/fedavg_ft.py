@@ -39,11 +39,11 @@ def finetune_spec(local: LocalTraining, epochs: int, steps: int, batch_size: int
 def evaluate(
     model: Model, client_map, loss, tune: Callable, state: fedavg.FedAvgState, data: ClientData, key
 ):
-    """Client c fine-tunes its FedAvg model (key fold_in(key, c)), then tests."""
+    """Client c fine-tunes its FedAvg model (key fold_in(key, its client id)), then tests."""
 
     def tuned(c):
         start = fedavg.personalized(state, c)
-        return tune(start, take(data.train, c), jax.random.fold_in(key, c)).params
+        return tune(start, take(data.train, c), jax.random.fold_in(key, data.client_id(c))).params
 
     return evaluate_clients(model.apply, tuned, data.test, client_map, loss)
 

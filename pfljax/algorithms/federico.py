@@ -587,6 +587,12 @@ def make_hyper(
     )  # fmt: skip
 
 
+# Why the clients cannot live in host memory (pfljax.core.offload).
+HOST_STORAGE_REFUSED = (
+    "each client keeps O(C) state ([C, C] likelihoods and posteriors) and trains "
+    "on its neighbours' models, rows of clients that do not take part"
+)
+
 DOMAINS = {
     "neighbours": Domain(0, integer=True, note="at most num_clients - 1"),
     "epsilon": Domain(0, 1),

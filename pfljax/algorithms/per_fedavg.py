@@ -173,10 +173,10 @@ def init(model: Model, key, params_template=None, num_clients: int = 1) -> PerFe
 
 
 def evaluate(model: Model, client_map, loss, adapt: Callable, state: PerFedAvgState, data: ClientData, key):
-    """Client c adapts the meta-model on its train rows (key fold_in(key, c)), then tests."""
+    """Client c adapts the meta-model on its train rows (key fold_in(key, its client id)), then tests."""
 
     def adapted(c):
-        return adapt(state.global_params, take(data.train, c), jax.random.fold_in(key, c))
+        return adapt(state.global_params, take(data.train, c), jax.random.fold_in(key, data.client_id(c)))
 
     return evaluate_clients(model.apply, adapted, data.test, client_map, loss)
 

@@ -147,6 +147,11 @@ def make_optimizer(lr: float, momentum: float, weight_decay: float, clip_norm: f
     )
 
 
+# Why the clients cannot live in host memory (pfljax.core.offload).
+HOST_STORAGE_REFUSED = (
+    "its hypernetwork holds one embedding per client in the global state, indexed by client id"
+)
+
 DOMAINS = {
     "embedding_dim": Domain(0, integer=True, note="0: int(1 + C / 4)"),
     "hn_hidden": Domain(1, integer=True, note="each width"),

@@ -517,6 +517,11 @@ def make_hyper(
     )
 
 
+# Why the clients cannot live in host memory (pfljax.core.offload).
+HOST_STORAGE_REFUSED = (
+    "its hypernetwork holds one embedding per client and mixes every client's model with [C, C] layer weights"
+)
+
 DOMAINS = {
     "top_k": Domain(0, integer=True, note="0: pFedLA; at most the model's layer groups"),
     "embedding_dim": Domain(1, integer=True),

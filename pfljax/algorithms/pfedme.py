@@ -157,6 +157,16 @@ def evaluate(model: Model, client_map, loss, state: PFedMeState, data: ClientDat
     )
 
 
+def HOST_STORAGE_REFUSED(options: dict) -> str | None:  # noqa: N802  (read by pfljax.algorithms)
+    """Why the clients cannot live in host memory with these build options, or None."""
+    if options.get("train_all", True):
+        return (
+            "train_all=True (the default, the paper's) trains every client "
+            "each round; train_all=False trains only the participants"
+        )
+    return None
+
+
 DOMAINS = {
     "lam": Domain(0, low_open=True),
     "inner_steps": Domain(1, integer=True),

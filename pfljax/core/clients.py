@@ -49,6 +49,13 @@ def num_clients(tree: PyTree) -> int:
     return sizes.pop()
 
 
+def is_client_leaf(path) -> bool:
+    """True for leaves under a state field whose name starts with 'client_'."""
+    first = path[0] if path else None
+    name = getattr(first, "name", getattr(first, "key", None))
+    return isinstance(name, str) and name.startswith("client_")
+
+
 def gather(tree: PyTree, idx: jax.Array) -> PyTree:
     """Rows `idx` [K] of every leaf: [C, ...] -> [K, ...]."""
     return jax.tree.map(lambda x: x[idx], tree)

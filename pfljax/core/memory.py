@@ -7,6 +7,8 @@ how many clients would fit: client data (train and test, as stored), the state
 outputs), and the memory available (`device_memory_bytes`: the accelerator's
 free memory, or the host's available memory on CPU). `check_fits` turns an
 estimate above the available memory into one clear error before training.
+`host_memory_report` is its counterpart for clients kept in host memory
+(pfljax.core.offload): host bytes follow C, device bytes follow the round's K.
 """
 
 from __future__ import annotations
@@ -31,10 +33,7 @@ def device_memory_bytes(device=None) -> int | None:
         stats = None
     if stats and stats.get("bytes_limit"):
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
+    return host_memory_bytes()
 
 
 def client_state_bytes(state: Any) -> int:
@@ -90,6 +89,64 @@ def memory_report(state: Any, data: Any, compiled=None, available: int | None = 
     if available is not None:
         report["max_clients"] = max_clients(report, available)
     return report
+
+
+def host_memory_report(
+    host_data: Any,
+    host_rows: Any,
+    view_state: Any,
+    view_data: Any,
+    compiled=None,
+    available: int | None = None,
+) -> dict:
+    """Bytes of a run whose clients live in host memory (pfljax.core.offload).
+
+    Args:
+      host_data, host_rows: every client's data and `client_*` state rows (host numpy).
+      view_state, view_data: the state and data of one round's K participants.
+      compiled: the compiled round on them, for memory_analysis().
+      available: device bytes available (default: `device_memory_bytes()`).
+
+    Returns a JSON-ready dict: client_storage "host", num_clients, clients_per_round,
+    host_bytes and host_bytes_per_client (data and state rows of every client), the
+    device figures, which follow K, not C: device_data_bytes (two rounds'
+    participants' data: the running round's and the prefetched next), device_state_bytes
+    (the view's state), the compiled round's figures, estimated_bytes (device_data_bytes
+    + ROUND_STATE_COPIES x device_state_bytes + the round's temporaries), available_bytes
+    and, as `max_clients`, the clients that fit at the same bytes per client in the host
+    memory left (`device_memory_bytes(host)` on a CPU backend; the host's otherwise).
+    """
+    num, k = int(host_data.train.count.shape[0]), int(view_data.train.count.shape[0])
+    host_bytes = tree_bytes((host_data, host_rows))
+    report = {
+        "client_storage": "host",
+        "num_clients": num,
+        "clients_per_round": k,
+        "host_bytes": host_bytes,
+        "host_bytes_per_client": host_bytes // max(num, 1),
+        "device_data_bytes": 2 * tree_bytes(view_data),
+        "device_state_bytes": tree_bytes(view_state),
+        **(compiled_bytes(compiled) if compiled is not None else {}),
+    }
+    report["estimated_bytes"] = int(
+        report["device_data_bytes"]
+        + ROUND_STATE_COPIES * report["device_state_bytes"]
+        + report.get("round_temp_bytes", 0)
+    )
+    report["available_bytes"] = device_memory_bytes() if available is None else available
+    host_left = host_memory_bytes()
+    if host_left is not None:
+        report["host_available_bytes"] = host_left
+        report["max_clients"] = num + int(host_left // max(report["host_bytes_per_client"], 1))
+    return report
+
+
+def host_memory_bytes() -> int | None:
+    """The host's available memory in bytes, or None when unknown."""
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def max_clients(report: dict, available: int) -> int:

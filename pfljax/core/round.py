@@ -52,8 +52,12 @@ class Participants(NamedTuple):
       train_key: the round's training key; client c uses `client_key(c)`.
       num_clients: C, static.
       privacy: client-level DP of the server's average (`average`), or None.
-      everyone: static; True when ids are 0..C-1 (all clients eligible and taking
-        part), so `gather` and `scatter` are the identity (no copy of [C, ...] trees).
+      everyone: static; True when ids are every row of the state (all C clients
+        eligible and taking part, or a view of the participants), so `gather`
+        and `scatter` are the identity (no copy of [C, ...] trees).
+      client_ids: None, or in a view of the participants (`ClientData.view`, host
+        storage) the client id of each row: `ids` are then rows 0..K-1 of the view
+        and `client_key` folds in the client's id, as the all-clients round does.
     """
 
     ids: jax.Array
@@ -63,14 +67,15 @@ class Participants(NamedTuple):
     num_clients: int
     privacy: ClientDP | None = None
     everyone: bool = False
+    client_ids: jax.Array | None = None
 
     @property
     def k(self) -> int:
         return self.ids.shape[0]
 
     def client_key(self, cid: jax.Array) -> jax.Array:
-        """fold_in(train_key, cid): independent of who else takes part."""
-        return client_key(self.train_key, cid)
+        """fold_in(train_key, client id of cid): independent of who else takes part."""
+        return client_key(self.train_key, cid if self.client_ids is None else self.client_ids[cid])
 
     def gather(self, tree: PyTree) -> PyTree:
         """The participants' rows [K, ...] of a [C, ...] tree."""
@@ -121,8 +126,18 @@ def participants(
     privacy: ClientDP | None = None,
 ) -> Participants:
     """Samples this round's K clients: keys from (key, state.round), ids among the
-    eligible clients (all, or `eligible(state, C) -> (ids [n], n)` with n static)."""
+    eligible clients (all, or `eligible(state, C) -> (ids [n], n)` with n static).
+    Of a view (`data.view`: the participants gathered from host memory by
+    `pfljax.core.offload`, sampled there from the same keys) every row takes part:
+    `ids` are its rows 0..K-1, `client_ids` the clients' ids, `num_clients` C."""
     num = data.train.count.shape[0]
+    if data.view is not None:
+        sample_key, train_key = round_keys(key, state.round)
+        weights = client_weights(weighting, data.train.count)
+        view = data.view
+        return Participants(
+            jnp.arange(num), weights, sample_key, train_key, view.num_clients, privacy, True, view.ids
+        )
     ids, n = (jnp.arange(num), num) if eligible is None else eligible(state, num)
     k = check_clients_per_round(clients_per_round, n)
     sample_key, train_key = round_keys(key, state.round)

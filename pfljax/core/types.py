@@ -115,11 +115,38 @@ class ClientPool:
         return sum(int(a.size) * a.dtype.itemsize for a in jax.tree.leaves(self))
 
 
+@struct.dataclass
+class ClientView:
+    """Rows that are some of the C clients: a round's participants gathered from
+    host memory (`pfljax.core.offload`).
+
+    Attributes:
+      ids: [K] int32 the client id of each row.
+      num_clients: C, static.
+    """
+
+    ids: jax.Array
+    num_clients: int = struct.field(pytree_node=False, default=0)
+
+
 class ClientData(NamedTuple):
-    """Train and test data of every client (same client order in both)."""
+    """Train and test data of every client (same client order in both).
+
+    Attributes:
+      train, test: the clients' rows.
+      view: None (row c is client c), or a ClientView: the rows are some of the
+        clients (a round's participants gathered from host memory), whose round
+        takes every row as a participant and keys it by its client id.
+    """
 
     train: ClientPool | ClientArrays
     test: ClientPool | ClientArrays
+    view: ClientView | None = None
+
+    def client_id(self, c: jax.Array) -> jax.Array:
+        """The client id of row c: c, or view.ids[c]. Per-client keys are folded
+        from it, so a client draws the same numbers in a view as among all C."""
+        return c if self.view is None else self.view.ids[c]
 
 
 class Algorithm(NamedTuple):

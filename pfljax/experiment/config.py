@@ -42,6 +42,7 @@ from pfljax.core import privacy
 from pfljax.core.clients import STRATEGIES, ClientMap
 from pfljax.core.domains import Domain
 from pfljax.core.local import LOOPS, LocalTraining
+from pfljax.core.offload import STORAGES
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
 from pfljax.data import FederatedData, build_federated_data
@@ -139,6 +140,7 @@ RESUMABLE_FIELDS = (
     "replicate_data",
     "data_dir",
     "block_rounds",
+    "client_storage",
 )
 
 
@@ -211,6 +213,8 @@ FIELD_HELP = {
     "eval_every": ">= 1 rounds between evaluations",
     "checkpoint_every": ">= 0 rounds between checkpoints (0: only at the end)",
     "block_rounds": ">= 0 rounds per compiled block (0: auto, up to the next checkpoint or the end)",
+    "client_storage": "device (every client on the device) or host (clients in host memory, a round's "
+    "participants moved to one device, the next round's prefetched)",
 }
 
 
@@ -341,6 +345,10 @@ def base_config() -> ml_collections.ConfigDict:
     # Rounds run as one compiled program between host visits (0: auto, up to the next
     # checkpoint or the end, at most MAX_BLOCK_ROUNDS; 1: one dispatch per round).
     config.block_rounds = 0
+    # Where the clients' data and `client_*` state live (pfljax.core.offload): "device",
+    # or "host" (numpy; each round moves its participants to one device, the next round's
+    # prefetched while it runs: device memory follows clients_per_round, not num_clients).
+    config.client_storage = "device"
     # Client-level differential privacy (pfljax.core.privacy, DP-FedAvg): each upload
     # clipped to clip_norm, Gaussian noise noise_multiplier * clip_norm on the sum;
     # delta 0: 1 / num_clients^1.1; target_epsilon 0: no budget (else the run stops
@@ -406,6 +414,7 @@ def choices() -> dict[str, Any]:
         "optimizer": OPTIMIZERS,
         "loss": LOSS_NAMES,
         "client_map": STRATEGIES,
+        "client_storage": STORAGES,
         "local_loop": LOOPS,
         "model": sorted(MODELS),
     }
@@ -503,10 +512,32 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if message:
             raise ConfigError(message)
     _check_privacy_set(config, schema)
+    _check_host_storage(config)
     try:
         algorithms.model_variant(config.algorithm, config.model)
     except ValueError as e:
         raise ConfigError(f"config.model={config.model!r}: {e}") from e
+
+
+def _check_host_storage(config) -> None:
+    """ConfigError for client_storage="host" with an algorithm whose round cannot keep its
+    clients in host memory (its reason), or on more than one device or process."""
+    if config.client_storage != "host":
+        return
+    options = to_plain(config[config.algorithm]) if config.algorithm in config else {}
+    why = algorithms.host_storage_refusal(config.algorithm, options)
+    if why:
+        able = [n for n in algorithms.available() if not algorithms.host_storage_refusal(n)]
+        raise ConfigError(
+            f"config.client_storage='host' cannot run {config.algorithm}: {why}; "
+            f"use client_storage='device', or one of {able}"
+        )
+    if config.num_devices > 1 or jax.process_count() > 1:
+        raise ConfigError(
+            f"config.client_storage='host' moves each round's participants to one device of one process, "
+            f"got num_devices={config.num_devices} on {jax.process_count()} process(es): "
+            "set --config.num_devices=1 (or 0) and run one process"
+        )
 
 
 def _drop_variant_foreign(out, model: str, foreign: list[str], notes: list[str]) -> list[str]:
@@ -871,9 +902,13 @@ def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
     from pfljax.sharding import client_mesh  # pylint: disable=import-outside-toplevel
 
     config, notes = resolve(config)
-    fed_data = make_data(config) if fed_data is None else fed_data
+    if fed_data is None:
+        # Host storage: the data are built in host memory (the CPU device), never on an accelerator.
+        host = config.client_storage == "host"
+        with jax.default_device(jax.local_devices(backend="cpu")[0]) if host else contextlib.nullcontext():
+            fed_data = make_data(config)
     model = make_model(config, fed_data)
-    mesh = client_mesh(config.num_devices)
+    mesh = client_mesh(1 if config.client_storage == "host" else config.num_devices)
     algorithm = make_algorithm(
         config, model, make_client_map(config, mesh if mesh.size > 1 else None), fed_data.task
     )

@@ -190,6 +190,11 @@ def train_replicas(
     for w in workdirs:
         check_workdir(w)
     preps = [prepare(c, fed_data) for c in configs]  # validates every value concretely
+    if any(p.config.client_storage == "host" for p in preps):
+        raise ConfigError(
+            "config.client_storage='host' runs one run at a time (its rounds move clients from host "
+            "memory); replicas run as one program on the device: set client_storage='device'"
+        )
     grid = list(grid)
     for option in grid:
         for p in preps:

@@ -1,10 +1,12 @@
 """One run: `train_and_evaluate(config, workdir)`.
 
 Builds the run's `Program` (its algorithm sharded over the devices, blocks of
-rounds compiled ahead of time and run under `jax.transfer_guard("disallow")`)
-and hands it to the one run loop, `pfljax.experiment.loop.run_loop`, which
-evaluates every `eval_every` rounds and at the last, writes the outputs as the
-run goes, and checkpoints (orbax) every `checkpoint_every` rounds and at the
+rounds compiled ahead of time and run under `jax.transfer_guard("disallow")`;
+with `client_storage="host"`, `host_program`: the clients in host memory and
+each round's participants moved to one device, pfljax.core.offload) and hands
+it to the one run loop, `pfljax.experiment.loop.run_loop`, which evaluates
+every `eval_every` rounds and at the last, writes the outputs as the run goes,
+and checkpoints (orbax) every `checkpoint_every` rounds and at the
 last. Rerunning on the same workdir resumes from the latest checkpoint and ends
 with the same numbers as an uninterrupted run; a checkpoint of a different
 config is refused (ConfigError) before training.
@@ -16,11 +18,13 @@ import os
 import time
 
 import jax
+import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pfljax.core.blocks import all_finite, make_block
-from pfljax.core.memory import check_fits, memory_report
+from pfljax.core.memory import check_fits, host_memory_report, memory_report
+from pfljax.core.offload import HostBlock, Offload, gather_data
 from pfljax.experiment import plots
 from pfljax.experiment.checkpoint import Checkpoints, check_config
 from pfljax.experiment.config import ConfigError, prepare, to_plain
@@ -44,7 +48,8 @@ from pfljax.sharding import shard_algorithm, state_shardings
 
 MEMORY_HINT = (
     "lower --config.num_clients or --config.samples_per_client, pick a smaller --config.model, "
-    "or spread the clients over more devices (--config.num_devices)"
+    "spread the clients over more devices (--config.num_devices), or keep them in host memory "
+    "(--config.client_storage=host, with clients_per_round)"
 )
 EVAL_STREAM = 0xE7A1  # evaluation keys: fold_in(fold_in(run_key, EVAL_STREAM), round)
 
@@ -168,13 +173,55 @@ def single_program(prep, run, ckpts, plain, run_key, state) -> Program:
     )
 
 
+def host_program(prep, ckpts, plain, run_key, state) -> tuple[Program, object, Offload]:
+    """The Program of one run with its clients in host memory (pfljax.core.offload):
+    blocks of rounds, one dispatch a round. Returns (Program, HostState, Offload)."""
+    config = prep.config
+    offload = Offload(prep.algorithm, prep.fed_data.data, config.clients_per_round or None, state)
+    hs = offload.from_state(state)
+    key = jax.device_put(run_key)
+    eval_base = jax.device_put(jax.random.fold_in(run_key, EVAL_STREAM))
+    fold = jax.jit(eval_key)
+
+    def evaluate_at(hs, base, r):
+        return offload.evaluate(hs, fold(base, jax.device_put(np.int32(r))))
+
+    def save(r, hs, hosts):
+        ckpts.save(r, offload.to_state(hs), {**hosts[0], "config": plain})
+
+    def final(hs, r):
+        return [(offload.to_state(hs), prep.algorithm, jax.device_get(eval_key(eval_base, r)))]
+
+    program = Program(
+        1,
+        lambda length: HostBlock(offload, length, evaluate_at),
+        (None, key, eval_base),
+        lambda tree, r: tree,
+        save,
+        lambda hs, r: evaluate_at(hs, eval_base, r),
+        final,
+        np.asarray,  # the schedule stays on the host: the host block reads it
+    )
+    return program, hs, offload
+
+
+def initial_state(algorithm, key, num: int, host: bool):
+    """The algorithm's initial state for `num` clients, on the host (numpy); with host
+    storage computed on the CPU, so that C clients' rows never go to an accelerator."""
+    if not host:
+        return jax.device_get(algorithm.init(key, None, num))
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        return jax.device_get(algorithm.init(key, None, num))
+
+
 def _run(prep, workdir: str, ckpts: Checkpoints, progress, t_start):
     config, plain = prep.config, to_plain(prep.config)
     primary = jax.process_index() == 0
     num = prep.fed_data.data.train.count.shape[0]
+    host_storage = config.client_storage == "host"
     run = shard_algorithm(prep.algorithm, prep.mesh, num)
     init_key, run_key = jax.random.split(jax.random.key(config.seed))
-    template = jax.device_get(prep.algorithm.init(init_key, None, num))
+    template = initial_state(prep.algorithm, init_key, num, host_storage)
     start, state, host = _restore(config, plain, ckpts, template, workdir)
     for line in prep.notes:  # every check has passed: say what this run is
         logging.info("%s", line)
@@ -188,19 +235,26 @@ def _run(prep, workdir: str, ckpts: Checkpoints, progress, t_start):
     rep = Replica(config, prep, workdir, host, start, primary)
     if primary:
         write_run_files(workdir, plain, prep, config)
-    state = run.place_state(state)
-    program = single_program(prep, run, ckpts, plain, run_key, state)
-    compiled, length, compile_seconds = compile_block(program, config, state, start)
-    memory = memory_report(state, program.args[0], compiled)
+    if host_storage:
+        program, state, offload = host_program(prep, ckpts, plain, run_key, state)
+        compiled, length, compile_seconds = compile_block(program, config, state, start)
+        ids = np.arange(offload.k)
+        view = (offload.view(state, ids), gather_data(offload.data, ids))
+        memory = host_memory_report(offload.data, state.rows, *view, compiled)
+    else:
+        state = run.place_state(state)
+        program = single_program(prep, run, ckpts, plain, run_key, state)
+        compiled, length, compile_seconds = compile_block(program, config, state, start)
+        memory = memory_report(state, program.args[0], compiled)
     try:
         check_fits(memory, MEMORY_HINT)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if start < config.rounds:
         logging.info(
-            "%s: rounds %d..%d on %d %s device(s), blocks of up to %d rounds, compiled in %.1f s",
+            "%s: rounds %d..%d on %d %s device(s), blocks of up to %d rounds%s, compiled in %.1f s",
             config.algorithm, start + 1, config.rounds, prep.mesh.size, jax.default_backend(), length,
-            compile_seconds,
+            " (clients in host memory: one dispatch a round)" if host_storage else "", compile_seconds,
         )  # fmt: skip
     state, end, eps = run_loop(program, compiled, length, [rep], state, start, progress)
     summary = finish(rep, program.final(state, end)[0], end, eps, compile_seconds, t_start, prep.mesh.size)
