@@ -8,7 +8,9 @@
 each writer's own train/test split is kept. Model: LEAF's FEMNIST CNN (5x5 conv 32
 SAME + ReLU + 2x2 max-pool, 5x5 conv 64 SAME + ReLU + pool, dense 2048 + ReLU,
 dense 62): the library CNN with channels (32, 64), dense (2048,), SAME padding.
-Training as LEAF's FedAvg baseline: SGD lr 0.004 (LEAF's paper), batch 10, 1 epoch.
+Training as LEAF's FedAvg baseline: SGD lr 0.004, batch 10, 1 epoch (lr and epochs as
+LEAF's `paper_experiments/femnist.sh`; that script runs 2000 rounds of 3 or 35 clients, here
+1000 rounds of 10: `--config.rounds`, `--config.clients_per_round`).
 """
 
 from __future__ import annotations

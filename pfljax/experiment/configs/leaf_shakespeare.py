@@ -9,7 +9,9 @@ writes it. Each sample is 80 characters and the next one (LEAF's 80-character
 vocabulary, pfljax.data.shakespeare): one label per sequence, cross-entropy.
 Model: LEAF's stacked LSTM (embedding 8, two LSTM layers of 256, logits of the next
 character from the last position). Training as LEAF's FedAvg baseline: SGD lr 0.8,
-batch 10, 1 epoch; roles with fewer than 64 samples are left out (min_samples).
+batch 10, 1 epoch; roles with fewer than 64 samples are left out (min_samples). (lr and
+clients per round as LEAF's `paper_experiments/shakespeare.sh`, which runs 80 rounds of 1
+or 20 epochs; here 500 rounds of 1.)
 """
 
 from __future__ import annotations
