@@ -1,5 +1,5 @@
-"""LEAF / TFF configs end to end: 2 rounds of FedAvg and Ditto on LEAF fixtures, FedPer on a TFF
-fixture, bad files on the CLI."""
+"""LEAF / TFF configs end to end: 2 rounds of FedAvg and a personalized method on fixtures of
+each format, bad files on the CLI."""
 
 import json
 import os
@@ -42,23 +42,33 @@ def test_two_rounds_on_a_leaf_fixture(tmp_path, task, algorithm):
     assert [(c["train"], c["test"]) for c in clients] == [(4, 2), (5, 2), (6, 2)]
 
 
-def test_two_rounds_of_a_personalized_method_on_a_tff_shakespeare_fixture(tmp_path):
-    """TFF's HDF5 snippets -> 80-character windows -> the per-token LSTM, FedPer (own head)."""
-    root = write_tff(str(tmp_path / "data"), "shakespeare", {"c0": (3, 2), "c1": (5, 2), "c2": (4, 3)})
-    config = _tiny(tff_shakespeare.get_config(), root, "fedper")
+# FedPer (personalized) on TFF's Shakespeare, FedAvg on TFF's EMNIST: the LEAF test's pairs swapped.
+@pytest.mark.parametrize("task,algorithm", [("shakespeare", "fedper"), ("emnist", "fedavg")])
+def test_two_rounds_on_a_tff_fixture(tmp_path, task, algorithm):
+    """TFF's HDF5 files end to end (Shakespeare: snippets -> 80-character windows -> the
+    per-token LSTM); data.json names the users as the partition."""
+    sizes = {"c0": (3, 2), "c1": (5, 2), "c2": (4, 3)}
+    root = write_tff(str(tmp_path / "data"), task, sizes)
+    if task == "shakespeare":
+        config = _tiny(tff_shakespeare.get_config(), root, algorithm)
+        config.model_kwargs.embed, config.model_kwargs.hidden = 4, (8,)
+    else:
+        config = _tiny(tff_emnist.get_config(), root, algorithm)
+        config.model_kwargs.channels, config.model_kwargs.dense = (2, 4), (8,)
     config.source.min_samples = 2
-    config.model_kwargs.embed, config.model_kwargs.hidden = 4, (8,)
     summary = train_and_evaluate(config, str(tmp_path / "run"), progress=False)
     assert summary["status"] == "completed" and np.isfinite(summary["final_mean_accuracy"])
+    assert summary["partition"] == "users"  # not config.partition's "iid"
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f]
     assert [r["round"] for r in rows if "mean_accuracy" in r][-1] == 2
     with open(tmp_path / "run" / "data.json") as f:
-        clients = json.load(f)["clients"]
-    assert len(clients) == 3 and all(c["train"] >= 3 and c["test"] >= 2 for c in clients)
-    with open(tmp_path / "run" / "data.json") as f:
-        assert json.load(f)["partition"] == "users"  # not config.partition's "iid"
-    assert summary["partition"] == "users"
+        data = json.load(f)
+    assert data["partition"] == "users"
+    if task == "emnist":  # one row per image: the files' own counts
+        assert [(c["train"], c["test"]) for c in data["clients"]] == list(sizes.values())
+    else:  # windows of each client's snippets
+        assert len(data["clients"]) == 3 and all(c["train"] >= 3 and c["test"] >= 2 for c in data["clients"])
 
 
 def test_configs_name_their_data_and_models():
