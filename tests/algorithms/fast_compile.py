@@ -3,10 +3,18 @@
 The test programs run for microseconds; the optimization passes cost about a third
 of their compile time and save nothing. The flag is restored after each test.
 Use: `from tests.algorithms.fast_compile import fast_compile  # noqa: F401`.
+
+`EXACT`: `jax.jit(f, compiler_options=EXACT)` for programs whose results a test compares
+bit for bit with another program's. tests/conftest.py turns XLA:CPU's fusion emitters
+off (3x faster compiles); the older emitters' fused kernels round differently with
+their context (float32 last bits), so equal computations in two different programs
+agree only to tolerance. EXACT compiles with the default emitters.
 """
 
 import jax
 import pytest
+
+EXACT = {"xla_cpu_use_fusion_emitters": True}
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,8 @@ take part per round, 2 local steps:
   codes equals padded float arrays of the same values, and the "while" loop
   (each client only its own steps) equals the masked "scan", bit for bit under
   "map" (1 epoch, so clients of different sizes run different step counts).
-Compiled without XLA optimization passes (`fast_compile`).
+Compiled without XLA optimization passes (`fast_compile`); the programs compared bit
+for bit with another program with XLA's default emitters (`EXACT`).
 """
 
 import dataclasses
@@ -34,7 +35,7 @@ from pfljax.core.blocks import all_finite, make_block
 from pfljax.core.clients import python_loop_map
 from pfljax.core.local import LocalTraining
 from pfljax.models import build_model
-from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
+from tests.algorithms.fast_compile import EXACT, fast_compile  # noqa: F401  (autouse)
 from tests.toydata import toy_data, toy_federated, toy_pool_data
 
 COUNTS = (9, 5, 12, 3)
@@ -79,7 +80,7 @@ def test_conformance(name):
         if field.startswith("client_"):
             chex.assert_tree_shape_prefix(value, (NUM,))
 
-    vmap_round = jax.jit(chex.assert_max_traces(vmap_alg.round, n=1))
+    vmap_round = jax.jit(chex.assert_max_traces(vmap_alg.round, n=1), compiler_options=EXACT)
 
     states = [state]
     for r in range(ROUNDS):
@@ -109,25 +110,26 @@ def test_conformance(name):
     assert_finite(loop_metrics, "loop metrics")
 
     eval_key = jax.random.key(7)
-    scores = jax.jit(vmap_alg.evaluate)(states[-1], data, eval_key)
+    evaluate = jax.jit(vmap_alg.evaluate, compiler_options=EXACT)
+    scores = evaluate(states[-1], data, eval_key)
     for key in ("accuracy", "loss", "count"):
         assert np.shape(scores[key]) == (NUM,), f"evaluate()[{key!r}] must have shape [C]"
     assert_finite(scores, "evaluate")
-    chex.assert_trees_all_equal(scores, jax.jit(vmap_alg.evaluate)(states[-1], data, eval_key))
+    chex.assert_trees_all_equal(scores, evaluate(states[-1], data, eval_key))
 
     # The run loop's block: rounds 1-2 of a 3-round program (the third skipped), one
     # evaluation after round 2, the same numbers as one round at a time.
     def evaluate_at(s, d, k, r):
         return vmap_alg.evaluate(s, d, jax.random.fold_in(k, r))
 
-    block = jax.jit(make_block(vmap_alg.round, evaluate_at, all_finite, length=3))
+    block = jax.jit(make_block(vmap_alg.round, evaluate_at, all_finite, length=3), compiler_options=EXACT)
     blocked, out = block(states[0], data, round_key(0), eval_key, jnp.array([0, 2, 2, 2], jnp.int32))
     one = states[0]
     for r in range(2):
         one, metrics = vmap_round(one, data, round_key(0))
         chex.assert_trees_all_equal(jax.tree.map(lambda x, r=r: x[r], out.metrics), metrics)
     chex.assert_trees_all_equal(blocked, one)
-    want = jax.jit(vmap_alg.evaluate)(one, data, jax.random.fold_in(eval_key, 2))
+    want = evaluate(one, data, jax.random.fold_in(eval_key, 2))
     chex.assert_trees_all_equal(jax.tree.map(lambda x: x[1], out.evaluation), want)
     assert out.ran.tolist() == [True, True, False] and out.evaluated.tolist() == [False, True, False]
     assert out.ok[:2].all()
@@ -154,10 +156,10 @@ def test_layouts_and_loops_give_the_same_numbers(name):
         spec = EPOCH_SPEC._replace(loop=loop)
         alg = algorithms.get(name).build(model, spec, clients_per_round=K, client_map="map")
         state = alg.init(jax.random.key(0), None, NUM)
-        round_fn = jax.jit(alg.round)
+        round_fn = jax.jit(alg.round, compiler_options=EXACT)
         for r in range(2):
             state, metrics = round_fn(state, data, round_key(r))
-        return state, metrics, jax.jit(alg.evaluate)(state, data, jax.random.key(7))
+        return state, metrics, jax.jit(alg.evaluate, compiler_options=EXACT)(state, data, jax.random.key(7))
 
     reference = run(padded, "scan")  # the layout and loop before pools
     chex.assert_trees_all_equal(run(pooled, "while"), reference)

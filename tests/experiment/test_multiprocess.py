@@ -48,7 +48,8 @@ def distributed(port: int, process_id: int, timeout: int = 60) -> list[str]:
 def run_wave(commands: list[list[str]], devices: int = 1, timeout: float = TIMEOUT) -> list[dict]:
     """Starts every command at once (forced CPU devices each), waits for all; returns
     [{"rc", "stdout", "stderr", "seconds"}]. Kills them all on a timeout."""
-    env = binary_env(PYTHONPATH=ROOT, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    env = binary_env(PYTHONPATH=ROOT, XLA_FLAGS=flags)
     with tempfile.TemporaryDirectory() as logs:
         files = [(open(f"{logs}/{i}.out", "w+"), open(f"{logs}/{i}.err", "w+")) for i in range(len(commands))]
         t0 = time.perf_counter()
