@@ -24,11 +24,17 @@
   XLA_FLAGS is kept.
 """
 
+import importlib.metadata
 import os
 
 _FAST_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
-if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts its CPU backend
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_EMITTERS}".strip()
+# XLA aborts on a flag it does not know: set only for the jaxlib versions seen to have it
+# (constraints.txt pins 0.10.2); after an upgrade check the flag still exists, then widen this.
+_JAXLIB = tuple(int(v) for v in importlib.metadata.version("jaxlib").split(".")[:2])
+if _JAXLIB <= (0, 10) and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} {_FAST_EMITTERS}".strip()
+    )  # before JAX starts
 
 import jax  # noqa: E402
 
