@@ -17,10 +17,16 @@ from tests.naturaldata import write_leaf, write_tff
 SIZES = {"u3": (6, 2), "u1": (5, 2), "u2": (1, 1), "u0": (4, 2)}
 
 
-def _tiny(config, root, algorithm):
+def _tiny(config_module, root, algorithm):
+    """The shipped config on 3 fixture users for 2 rounds, with a tiny model of its kind."""
+    config = config_module.get_config()
     config.data_dir, config.algorithm = root, algorithm
     config.num_clients, config.clients_per_round, config.rounds = 3, 0, 2
     config.source.min_samples, config.batch_size, config.checkpoint_every = 3, 4, 2
+    if config.model == "char_lstm":
+        config.model_kwargs.embed, config.model_kwargs.hidden = 4, (8,)
+    else:
+        config.model_kwargs.channels, config.model_kwargs.dense = (2, 4), (8,)
     return config
 
 
@@ -29,12 +35,7 @@ def _tiny(config, root, algorithm):
 @pytest.mark.parametrize("task,algorithm", [("shakespeare", "fedavg"), ("femnist", "ditto")])
 def test_two_rounds_on_a_leaf_fixture(tmp_path, task, algorithm):
     root = write_leaf(str(tmp_path / "data"), task, SIZES)
-    if task == "shakespeare":
-        config = _tiny(leaf_shakespeare.get_config(), root, algorithm)
-        config.model_kwargs.embed, config.model_kwargs.hidden = 4, (8,)
-    else:
-        config = _tiny(leaf_femnist.get_config(), root, algorithm)
-        config.model_kwargs.channels, config.model_kwargs.dense = (2, 4), (8,)
+    config = _tiny(leaf_shakespeare if task == "shakespeare" else leaf_femnist, root, algorithm)
     summary = train_and_evaluate(config, str(tmp_path / "run"), progress=False)
     assert summary["status"] == "completed" and np.isfinite(summary["final_mean_accuracy"])
     with open(tmp_path / "run" / "data.json") as f:
@@ -49,12 +50,7 @@ def test_two_rounds_on_a_tff_fixture(tmp_path, task, algorithm):
     per-token LSTM); data.json names the users as the partition."""
     sizes = {"c0": (3, 2), "c1": (5, 2), "c2": (4, 3)}
     root = write_tff(str(tmp_path / "data"), task, sizes)
-    if task == "shakespeare":
-        config = _tiny(tff_shakespeare.get_config(), root, algorithm)
-        config.model_kwargs.embed, config.model_kwargs.hidden = 4, (8,)
-    else:
-        config = _tiny(tff_emnist.get_config(), root, algorithm)
-        config.model_kwargs.channels, config.model_kwargs.dense = (2, 4), (8,)
+    config = _tiny(tff_shakespeare if task == "shakespeare" else tff_emnist, root, algorithm)
     config.source.min_samples = 2
     summary = train_and_evaluate(config, str(tmp_path / "run"), progress=False)
     assert summary["status"] == "completed" and np.isfinite(summary["final_mean_accuracy"])
