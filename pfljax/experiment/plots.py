@@ -109,8 +109,9 @@ def class_counts(summary: dict, split: str = "train") -> np.ndarray:
 def plot_partition(summary: dict, path: str, title: str = "") -> bool:
     """Label distribution of a partition (data.json): a clients x classes heatmap
     of train sample counts (numbers in the cells when they fit) beside each
-    client's train / test sizes. Writes nothing for regression data (no
-    classes); returns whether it wrote the file."""
+    client's train / test sizes (for a sequence task: tokens of each class, sequences
+    per client). Writes nothing for regression data (no classes); returns whether it
+    wrote the file."""
     if not summary["clients"] or "train_class_counts" not in summary["clients"][0]:
         return False
     counts = class_counts(summary, "train")
@@ -119,14 +120,14 @@ def plot_partition(summary: dict, path: str, title: str = "") -> bool:
     num_clients, num_classes = counts.shape
     train = np.asarray([c["train"] for c in summary["clients"]])
     test = np.asarray([c["test"] for c in summary["clients"]])
+    cells, rows = ("tokens", "sequences") if summary.get("task") == "sequence" else ("samples", "samples")
     plt = _pyplot()
     height = min(max(3.2, 0.28 * num_clients + 1.6), 14.0)
-    fig, (ax, bx) = plt.subplots(
-        1, 2, figsize=(max(6.5, 0.45 * num_classes + 4.5), height), gridspec_kw={"width_ratios": [3, 1]}
-    )
+    width = min(max(6.5, 0.45 * num_classes + 4.5), 24.0)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(width, height), gridspec_kw={"width_ratios": [3, 1]})
     im = ax.imshow(counts, cmap="Blues", aspect="auto", interpolation="nearest", vmin=0)
-    fig.colorbar(im, ax=ax, label="train samples of the class", shrink=min(1.0, 5.0 / height))
-    if num_clients * num_classes <= 400:
+    fig.colorbar(im, ax=ax, label=f"train {cells} of the class", shrink=min(1.0, 5.0 / height))
+    if num_clients * num_classes <= 400 and num_classes <= 40:
         top = max(int(counts.max()), 1)
         for c in range(num_clients):
             for k in range(num_classes):
@@ -143,7 +144,7 @@ def plot_partition(summary: dict, path: str, title: str = "") -> bool:
     bx.barh(y, train, color="tab:blue", label="train")
     bx.barh(y, test, left=train, color="tab:orange", label="test")
     bx.set_ylim(num_clients - 0.5, -0.5)
-    bx.set(xlabel="samples per client", yticks=[])
+    bx.set(xlabel=f"{rows} per client", yticks=[])
     bx.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=9, frameon=False)
     _save(plt, fig, path)
     return True
