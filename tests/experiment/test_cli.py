@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.experiment.tiny import ROOT, TINY_FLAGS, binary_env, is_png
+from tests.experiment.tiny import ROOT, TINY_FLAGS, binary_env, fork_runs, is_png
 
 MAIN, COMPARE, PARTITION = "experiments.main", "experiments.compare", "experiments.partition"
 FMNIST = ["--config=experiments/configs/default.py", "--config.dataset=fashion_mnist"]
@@ -180,17 +180,7 @@ def results(tmp_path_factory):
         | {"hide": HIDDEN.get(name, [])}
         for name, (b, a, _, cwd) in RUNS.items()
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.experiment.forkrun"],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=_env(),
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = fork_runs(cases)
     return tmp, cases, out[: len(CASES)], dict(zip(RUNS, out[len(CASES) :]))
 
 

@@ -3,8 +3,6 @@ its memory report; bad input before training (one line, exit 2)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ import pytest
 from pfljax.experiment.config import ConfigError, base_config, prepare
 from pfljax.experiment.sweep import train_replicas
 from pfljax.experiment.train import train_and_evaluate
-from tests.experiment.tiny import ROOT, TINY_FLAGS, binary_env, tiny_config
+from tests.experiment.tiny import ROOT, TINY_FLAGS, fork_runs, tiny_config
 
 
 def rows(workdir):
@@ -70,19 +68,9 @@ def test_bad_input_is_one_line_and_exit_2_before_training(tmp_path):
         {"module": "experiments.main", "args": [*TINY_FLAGS, f"--workdir={tmp_path}/run{i}", *a], "cwd": ROOT}
         for i, a in enumerate(cases)
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.experiment.forkrun"],
-        input=json.dumps(runs),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=binary_env(),
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     for i, (res, needle) in enumerate(
         zip(
-            json.loads(proc.stdout),
+            fork_runs(runs),
             ["client_storage must be one of", "client_storage='host' cannot run federico"],
         )
     ):

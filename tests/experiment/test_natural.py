@@ -2,16 +2,13 @@
 each format, bad files on the CLI."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from pfljax.experiment import train_and_evaluate
 from pfljax.experiment.configs import leaf_femnist, leaf_shakespeare, tff_emnist, tff_shakespeare
-from tests.experiment.tiny import ROOT
+from tests.experiment.tiny import ROOT, fork_runs
 from tests.naturaldata import write_leaf, write_tff
 
 SIZES = {"u3": (6, 2), "u1": (5, 2), "u2": (1, 1), "u0": (4, 2)}
@@ -87,17 +84,7 @@ def test_missing_or_bad_files_are_one_line_and_exit_2(tmp_path):
     ]
     argv = lambda name, d: [f"--config={name}", f"--config.data_dir={d}", f"--workdir={tmp_path / name}"]  # noqa: E731
     runs = [{"module": "experiments.main", "args": argv(name, d), "cwd": ROOT} for name, d, _ in cases]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.experiment.forkrun"],
-        input=json.dumps(runs),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    for (_, _, needle), res in zip(cases, json.loads(proc.stdout), strict=True):
+    for (_, _, needle), res in zip(cases, fork_runs(runs, timeout=300), strict=True):
         lines = res["stderr"].strip().splitlines()
         assert res["rc"] == 2 and len(lines) == 1 and needle in lines[0], res["stderr"][-2000:]
         assert "Traceback" not in res["stderr"]

@@ -4,7 +4,10 @@
 command-line flags of the binaries.
 """
 
+import json
 import os
+import subprocess
+import sys
 
 
 def tiny_config(config, algorithm: str = "fedavg", rounds: int = 2, **overrides):
@@ -52,6 +55,22 @@ def binary_env(**variables: str) -> dict:
         "JAX_COMPILATION_CACHE_DIR", os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
     )
     return {**env, **variables}
+
+
+def fork_runs(runs: list[dict], timeout: float = 600) -> list[dict]:
+    """Runs the binaries' cases through tests/experiment/forkrun.py (one warm process, a
+    fork per case) in `binary_env()`; returns each case's {"rc", "stdout", "stderr"}."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.experiment.forkrun"],
+        input=json.dumps(runs),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=binary_env(),
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
 
 
 def is_png(path: str) -> bool:
