@@ -493,18 +493,20 @@ class Options(NamedTuple):
     repeats: int = 3
     lr: float = 0.01
     alpha: float = 0.1
+    conv_impl: str = "auto"  # pfljax's convolution (pfljax.models.conv.IMPLS) in the conv cases
 
 
 def run_case(name: str, num_clients: int, split: str, peaks: dict, opts: Options | None = None) -> dict:
     import torch
 
-    opts = opts or Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha)
+    opts = opts or Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha, FLAGS.conv_impl)
     spec = CASES[name]
     rows = opts.rows or spec["rows"]
     sizes = client_sizes(num_clients, rows, split, spec["classes"], alpha=opts.alpha)
     xs, ys = client_inputs(spec, sizes)
 
-    model = build_model(spec["model"], spec["input_shape"], spec["classes"], **spec["kwargs"])
+    conv = {"conv_impl": opts.conv_impl} if spec["model"] in ("cnn", "resnet9") else {}
+    model = build_model(spec["model"], spec["input_shape"], spec["classes"], **spec["kwargs"], **conv)
     loss = spec.get("loss", "cross_entropy")
     local = LocalTraining(optax.sgd(opts.lr), batch_size=spec["batch"], epochs=opts.epochs, loss=loss)
     arrays = pad_clients(xs, ys)
@@ -545,6 +547,7 @@ def run_case(name: str, num_clients: int, split: str, peaks: dict, opts: Options
     jm, tm = statistics.median(jt), statistics.median(tt)
     return {
         "case": name,
+        "conv_impl": conv.get("conv_impl"),
         "clients": num_clients,
         "split": split if split == "equal" else f"dirichlet{opts.alpha}",
         "rows_min_max": [min(sizes), max(sizes)],
@@ -618,6 +621,7 @@ def define_flags():
     flags.DEFINE_integer("repeats", 3, "timed repeats of each side (interleaved)")
     flags.DEFINE_float("lr", 0.01, "SGD learning rate")
     flags.DEFINE_float("alpha", 0.1, "Dirichlet concentration of --split=dirichlet")
+    flags.DEFINE_enum("conv_impl", "auto", ["auto", "im2col", "native"], "pfljax's convolution (conv cases)")
     flags.DEFINE_integer(
         "torch_threads",
         0,

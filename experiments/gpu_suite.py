@@ -260,20 +260,32 @@ def best_seconds(fn, args: tuple, repeats: int) -> float:
     return best
 
 
-def case_pfllib_dir(plan: Plan, deadline: float, seeds: int = 3) -> Iterator[dict]:
-    """FedAvg on pfllib :dir, `seeds` seeds as one program: seconds of a round and an evaluation."""
-    del deadline  # one measurement
-    config = dir_config(plan)
-    config.algorithm = "fedavg"
+def case_pfllib_dir(plan: Plan, deadline: float) -> Iterator[dict]:
+    """FedAvg on pfllib :dir, `--pfllib_seeds` seeds as one program: seconds of a round and an
+    evaluation, for each `--pfllib_maps` entry "client_map:chunk_size:local_loop" (the config
+    options; sorted chunks with a while loop skip most of the padded steps of unequal clients)."""
+    for spec in FLAGS.pfllib_maps:
+        if over(deadline):
+            yield {"map": spec, "skipped": "time budget"}
+            continue
+        strategy, chunk, loop = spec.split(":")
+        config = dir_config(plan)
+        config.algorithm = "fedavg"
+        config.client_map, config.chunk_size, config.local_loop = strategy, int(chunk), loop
+        yield {"map": spec, **time_seeds_round(config, FLAGS.pfllib_seeds, plan.repeats)}
+
+
+def time_seeds_round(config, seeds: int, repeats: int) -> dict:
+    """Seconds of one jitted round and one evaluation of `seeds` seeds of `config` as one program."""
     prep = prepare(config)
     data = prep.fed_data.data
     alg = seeds_algorithm(prep.algorithm, seeds)
-    timed = timing.time_round(alg, data, plan.repeats)
+    timed = timing.time_round(alg, data, repeats)
     state, key = timed["state"], jax.random.key(0)
     evaluate = jax.jit(alg.evaluate).lower(state, data, key).compile()
-    eval_s = best_seconds(evaluate, (state, data, key), plan.repeats)
+    eval_s = best_seconds(evaluate, (state, data, key), repeats)
     per_round = timed["round_s"] + eval_s
-    yield {
+    return {
         "dataset": config.dataset, "clients": int(data.train.count.shape[0]), "seeds": seeds,
         "strategy": replicas.resolve_strategy("auto"), "compile_s": sig(timed["compile_s"]),
         "train_s": sig(timed["round_s"]), "eval_s": sig(eval_s), "s_per_round": sig(per_round),
@@ -342,6 +354,12 @@ def define_flags():
     flags.DEFINE_list("cases", list(CASES), f"cases to run, among {list(CASES)}")
     flags.DEFINE_string("out", "gpu_suite.jsonl", "JSON lines file the rows are appended to")
     flags.DEFINE_bool("smoke", False, "tiny sizes everywhere (a CPU test of the suite)")
+    flags.DEFINE_list(
+        "pfllib_maps",
+        ["auto:0:auto"],
+        "pfllib_dir: client_map:chunk_size:local_loop entries, e.g. map:5:while (sorted chunks of 5)",
+    )
+    flags.DEFINE_integer("pfllib_seeds", 3, "pfllib_dir: seeds as one program")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def run_smoke(out: str) -> subprocess.CompletedProcess:
         "JAX_COMPILATION_CACHE_DIR", os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
     )
     return subprocess.run(
-        [sys.executable, "-m", "experiments.gpu_suite", "--smoke", f"--out={out}"],
+        [sys.executable, "-m", "experiments.gpu_suite", "--smoke", f"--out={out}", "--pfllib_maps=auto:0:auto,map:2:while"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -73,4 +73,5 @@ def test_smoke_suite_every_case_measured(tmp_path):
         assert not [r for r in by_case[name] if "skipped" in r], name
     assert [r["met"] for r in by_case["seeds"]] and "target" in by_case["pfllib_dir"][0]
     assert by_case["pfllib_dir"][0]["seeds"] == 3
+    assert [r["map"] for r in by_case["pfllib_dir"]] == ["auto:0:auto", "map:2:while"]
     assert {r["eval_chunk"] for r in by_case["eval_chunk"]} == {4, 16}

@@ -37,7 +37,7 @@ from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.domains import Domain, checked, known_zero
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining, own_steps, run_steps, step_batch
+from pfljax.core.local import LocalTraining, epoch_orders, own_steps, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
 from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -85,10 +85,10 @@ def mixture_loss(hp: APFLHyper, params, alpha, v, w, xb, yb, wb):
     return masked_mean(get_loss(hp.local.loss).per_example(out, yb), wb), updates
 
 
-def local_step(hp: APFLHyper, data: ClientArrays, key, carry, s):
+def local_step(hp: APFLHyper, data: ClientArrays, key, orders, carry, s):
     """One local step of w, v (and alpha) on minibatch s, all from the values before the step."""
     (w, v, alpha, w_opt, v_opt), w_loss_sum = carry
-    rows, wb, active = step_batch(hp.local, key, s, data.count, data.x.shape[0])
+    rows, wb, active = step_batch(hp.local, key, s, data.count, data.x.shape[0], orders)
     xb, yb = data.x[rows], data.y[rows]
     w_grad = jax.value_and_grad(functools.partial(model_loss, hp), has_aux=True)
     (w_loss, w_upd), gw = w_grad(w["params"], w, xb, yb, wb)
@@ -117,7 +117,8 @@ def client_update(hp: APFLHyper, state: APFLState, cid, own, data, key):
     w = state.global_params
     opt = hp.local.optimizer
     carry = (w, v, alpha, opt.init(w["params"]), opt.init(v["params"]))
-    body = functools.partial(local_step, hp, data, key)
+    orders = epoch_orders(hp.local, key, data.count, data.x.shape[0])
+    body = functools.partial(local_step, hp, data, key, orders)
     ((w, v, alpha, _, _), w_loss_sum), v_loss = run_steps(
         hp.local, data.count, data.x.shape[0], body, (carry, jnp.float32(0.0))
     )

@@ -37,7 +37,7 @@ from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.domains import Domain, checked, known_zero
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining, run_steps, step_batch
+from pfljax.core.local import LocalTraining, epoch_orders, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
 from pfljax.core.round import Participants, check_weighting, federated_round, map_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -84,10 +84,11 @@ def make_moreau_train(apply_fn, local: LocalTraining, lam, inner_steps, personal
 
     def train(variables, data: ClientArrays, key):
         n_max = data.x.shape[0]
+        orders = epoch_orders(local, key, data.count, n_max)
 
         def step(carry, s):
             w, theta, rest, opt_state = carry
-            rows, wb, active = step_batch(local, key, s, data.count, n_max)
+            rows, wb, active = step_batch(local, key, s, data.count, n_max, orders)
             xb, yb = data.x[rows], data.y[rows]
 
             def inner(c, _):

@@ -38,7 +38,7 @@ from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast
 from pfljax.core.domains import SERVER_LR, Domain, checked
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining, own_steps, run_steps, step_batch
+from pfljax.core.local import LocalTraining, epoch_orders, own_steps, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
 from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -85,10 +85,11 @@ def make_corrected_train(apply_fn, local: LocalTraining):
 
     def train(variables, correction, data: ClientArrays, key):
         n_max = data.x.shape[0]
+        orders = epoch_orders(local, key, data.count, n_max)
 
         def step(carry, s):
             params, rest, opt_state, gsum = carry
-            rows, wb, active = step_batch(local, key, s, data.count, n_max)
+            rows, wb, active = step_batch(local, key, s, data.count, n_max, orders)
             g, (loss, updates) = grad_fn(params, rest, data.x[rows], data.y[rows], wb)
             upd, new_opt = optimizer.update(jax.tree.map(jnp.add, g, correction), opt_state, params)
             new = (

@@ -157,11 +157,35 @@ def schedule_position(spec: LocalTraining, s: jax.Array, count: jax.Array):
     return epoch, s % per_epoch, active
 
 
-def step_batch(spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Array, n_max: int):
+# Row indices per client up to which `epoch_orders` draws every epoch's order before the steps.
+MAX_PLANNED_ROWS = 1 << 16
+
+
+def epoch_orders(spec: LocalTraining, key: jax.Array, count: jax.Array, n_max: int) -> jax.Array | None:
+    """Every epoch's row order [E, n_max + B] of one client, drawn before its steps, when the
+    schedule has a static number of epochs E (`spec.epochs`) and E * (n_max + B) <=
+    MAX_PLANNED_ROWS; else None (orders are then drawn during the steps). The same orders as
+    `epoch_order`; drawn once, they keep a sort of n_max rows out of every step where a
+    per-step branch would run both sides (under vmap)."""
+    epochs = spec.validate().epochs
+    if epochs is None or epochs * (n_max + spec.batch_size) > MAX_PLANNED_ROWS:
+        return None
+    return jax.vmap(lambda e: epoch_order(key, e, count, n_max, spec.batch_size))(jnp.arange(epochs))
+
+
+def step_batch(
+    spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Array, n_max: int, orders=None
+):
     """Rows [B], weights [B] and activity of local step s (0, 1, 2, ... across epochs)
-    of one client, as `make_local_train` would draw them with the same key."""
+    of one client, as `make_local_train` would draw them with the same key; `orders`:
+    `epoch_orders(spec, key, count, n_max)` (None: this step's epoch order is drawn here).
+    With `orders`, a step past the E epochs (inactive) gets the last epoch's rows: a caller
+    that uses batches beyond E epochs (Per-FedAvg's) passes None."""
     epoch, j, active = schedule_position(spec, s, count)
-    order = epoch_order(key, epoch, count, n_max, spec.batch_size)
+    if orders is None:
+        order = epoch_order(key, epoch, count, n_max, spec.batch_size)
+    else:
+        order = orders[jnp.minimum(epoch, orders.shape[0] - 1)]
     rows, weights = batch_rows(order, j, count, spec.batch_size)
     return rows, weights, active
 
@@ -280,9 +304,14 @@ def make_local_train(
         if opt_state is None:
             opt_state = optimizer.init(params)
 
+        orders = epoch_orders(spec, key, data.count, n_max)
+
         def step(carry, s):
             params, rest, opt_state, order = carry
-            order, rows, weights, active = next_batch(spec, key, s, data.count, n_max, order)
+            if orders is None:
+                order, rows, weights, active = next_batch(spec, key, s, data.count, n_max, order)
+            else:
+                rows, weights, active = step_batch(spec, key, s, data.count, n_max, orders)
             xb, yb = data.x[rows], data.y[rows]
             grads, (loss, updates) = grad_fn(params, rest, anchor_params, xb, yb, weights)
             upd, new_opt = optimizer.update(grads, opt_state, params)
@@ -290,7 +319,7 @@ def make_local_train(
             kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, (params, rest, opt_state))
             return (*kept, order), loss, active
 
-        order0 = epoch_order(key, 0, data.count, n_max, batch_size)
+        order0 = epoch_order(key, 0, data.count, n_max, batch_size) if orders is None else jnp.int32(0)
         (params, rest, opt_state, _), mean_loss = run_steps(
             spec, data.count, n_max, step, (params, rest, opt_state, order0)
         )

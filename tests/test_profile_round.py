@@ -1,0 +1,30 @@
+"""experiments/profile_round.py on CPU: a traced FedAvg round of a tiny bench case, read back
+from its Perfetto trace (events summed per process, shares within each process)."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_profile_of_a_tiny_round_lists_the_busiest_events(tmp_path):
+    args = ["--case=mlp", "--clients=3", "--rows=16", "--steps=2", "--rounds=2", "--top=5"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.profile_round", *args, f"--trace_dir={tmp_path}"],
+        capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    head, processes = rows[0], rows[1:]
+    assert head["case"] == "mlp" and head["clients"] == 3 and head["backend"] == "cpu"
+    assert len(head["round_s"]) == 2 and all(t > 0 for t in head["round_s"])
+    assert processes and processes[0]["events_s"] >= processes[-1]["events_s"]
+    for p in processes:
+        tops = p["top"]
+        assert 0 < len(tops) <= 5
+        assert [t["s"] for t in tops] == sorted((t["s"] for t in tops), reverse=True)
+        assert all(t["count"] >= 1 and 0 <= t["share"] <= 1 for t in tops)
+    names = {t["name"] for p in processes for t in p["top"]}
+    assert any("Execute" in n or "run_timed" in n for n in names), names
