@@ -22,9 +22,10 @@ bench module named:
   <= 2x the time of one;
 - eval_chunk (experiments.bench_eval): one evaluation of PFLlib's FedAvgCNN on the
   `pfllib_fmnist.py:dir` test rows per chunk size (`evaluate_clients(..., chunk=)`);
-- pfllib_dir: FedAvg on `pfllib_fmnist.py:dir`, 3 seeds as one program
+- pfllib_dir: FedAvg on `pfllib_fmnist.py:dir`, `--pfllib_seeds` (3) seeds as one program
   (pfljax.core.replicas, as `--vectorize` runs them): seconds of one jitted round and
-  one evaluation (PFLlib evaluates every round); goal <= 0.3 s per round (both).
+  one evaluation (PFLlib evaluates every round), one row per `--pfllib_maps` entry
+  "client_map:chunk_size:local_loop" (default auto:0:auto); goal <= 0.3 s per round (both).
 
 --smoke: tiny sizes everywhere (2-3 clients, one local step, the small MLP only, the
 simulation data instead of Fashion-MNIST): the whole suite runs on a CPU in seconds
