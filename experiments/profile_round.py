@@ -11,6 +11,9 @@ and run once, then `--rounds` rounds run under `jax.profiler.trace` with a Perfe
 trace, which is read back (plain JSON, no profiler plugin needed): one JSON line per
 trace process (e.g. a GPU stream, the host's XLA threads) with its busy seconds, then
 its `--top` events by total duration (name, count, seconds, share of the process).
+On a GPU the device's kernels are their own process; on CPU only the host's calls are
+traced unless XLA traces every operation: `XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true`
+(names as in the optimized HLO, `--xla_dump_to=DIR --xla_dump_hlo_as_text`).
 """
 
 from __future__ import annotations
