@@ -124,7 +124,7 @@ def test_round_metrics_report_the_factor_analysis_convergence():
 
 def run(alg, data, rounds=3, key=5, evaluate=True):
     state = alg.init(jax.random.key(0), None, len(COUNTS))
-    rnd = jax.jit(alg.round)
+    rnd = jax.jit(alg.round, compiler_options=EXACT)
     for _ in range(rounds):
         state, metrics = rnd(state, data, jax.random.key(key))
     return state, metrics, (jax.jit(alg.evaluate)(state, data, EVAL_KEY) if evaluate else None)
