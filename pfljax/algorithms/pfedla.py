@@ -23,13 +23,12 @@ kernel and bias together, a BatchNorm scale and offset together) or "tensor" (on
 group per leaf, as in FL-bench's pFedLA). BatchNorm running statistics are never
 mixed or sent.
 
-The round is `federated_round` with `generated_step` (`hypernet.generated_step`, the
-starts also given to the server): `generate_starts` (the hypernetworks' weights and the
-mixing, with its pullback), `client_update` (local training from the start),
-`server_update` (store the models, step the hypernetworks). `evaluate`: `accuracy` is
+The round is `federated_round` with `hypernet.generated_step`: `generate_starts`
+(the hypernetworks' weights and the mixing, with its pullback), `client_update`
+(local training from the start), `server_update` (store the models, step the
+hypernetworks along the pullback of trained - start). `evaluate`: `accuracy` is
 client i's personalized aggregate theta_bar_i (what it would download next, as the
-public code tests it);
-`own_accuracy` its latest locally trained model theta_i.
+public code tests it); `own_accuracy` its latest locally trained model theta_i.
 
 Choices where the public (unofficial) code, KarhouTam/pFedLA and its FL-bench
 port, differs or the paper is silent:
@@ -92,7 +91,7 @@ from pfljax.core.domains import Domain, checked, known_zero
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.layers import LEAF_GROUPINGS, leaf_groups
 from pfljax.core.local import LocalTraining, make_local_train
-from pfljax.core.round import Participants, federated_round, map_clients
+from pfljax.core.round import Participants, federated_round
 from pfljax.core.types import Algorithm, ClientData
 from pfljax.models.base import Model
 
@@ -468,20 +467,6 @@ def server_update(hp: PFedLAHyper, state: PFedLAState, trained, part: Participan
     return new_state, round_metrics(hp, alpha, retained, part, client_alpha)
 
 
-def generated_step(hp: PFedLAHyper, client_map: Callable):
-    """`hypernet.generated_step`, the starts also given to `server_update` (delta is
-    formed in the pullback, not stored by the clients)."""
-
-    def step(state, data, part: Participants):
-        starts, grad_of = generate_starts(hp, state, part)
-        update = functools.partial(client_update, hp)
-        trained, losses = map_clients(update, client_map, state, data, part, starts)
-        new_state, metrics = server_update(hp, state, trained, part, grad_of, starts)
-        return new_state, losses, metrics
-
-    return step
-
-
 def round_metrics(hp: PFedLAHyper, alpha, retained, part: Participants, client_alpha) -> dict:
     """Round-start mean self-weight and retained groups, bytes downloaded (retained
     groups are not), and the traced client's new weights [L, C]."""
@@ -633,7 +618,12 @@ def build(
     )  # fmt: skip
     cmap = as_client_map(client_map)
     template = model.template()["params"]
-    step = generated_step(hp, cmap)
+    step = hypernet.generated_step(
+        functools.partial(generate_starts, hp),
+        functools.partial(client_update, hp),
+        functools.partial(server_update, hp),
+        cmap,
+    )
     return Algorithm(
         functools.partial(init, hp, model, jax.jit(functools.partial(init_server, hp), static_argnums=2)),
         federated_round(step, clients_per_round=clients_per_round, bytes_up=float(P.tree_bytes(template))),
