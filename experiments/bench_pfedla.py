@@ -1,6 +1,7 @@
 """pFedLA round time relative to FedAvg, and the memory of the stacked hypernetworks.
 
     python -m experiments.bench_pfedla [--cases=mlp10,mlp100,cnn10] [--repeats=5] [--json] [--donate]
+        [--baseline=/tmp/pfedla_before.py]
 
 For each case (model, C clients, K per round) it times one jitted round of FedAvg
 and of pFedLA (same local training, same data shapes, random data), interleaved
@@ -10,10 +11,14 @@ stacked hypernetworks and their optimizer state ([C, ...] in the state), the byt
 all C client models pFedLA keeps, and XLA's temp-buffer size of each compiled round (memory_analysis).
 --donate donates the state to the round as `pfljax.experiment.train` does (the
 participants' rows of the [C, ...] state are then written in place).
+--baseline: another version of pfljax/algorithms/pfedla.py (e.g. `git show
+REV:pfljax/algorithms/pfedla.py > /tmp/pfedla_before.py`), timed in the same interleaving
+(`baseline_s`, `baseline_over_fedavg`): before/after figures from one process.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import jax
@@ -35,6 +40,7 @@ flags.DEFINE_integer("repeats", 5, "timed rounds of each algorithm, interleaved 
 flags.DEFINE_bool("json", False, "print one JSON object per line (else a readable line)")
 flags.DEFINE_bool("donate", False, "donate the state to the round (as training does)")
 flags.DEFINE_string("client_map", "auto", "client-mapping strategy")
+flags.DEFINE_string("baseline", None, "path of another pfedla.py to time alongside (before/after)")
 TARGET = 1.5  # pFedLA over FedAvg at C = 100 (issue 28)
 
 CASES = {
@@ -54,6 +60,14 @@ def random_data(num, rows, seed=0) -> ClientData:
     return ClientData(arrays, arrays)
 
 
+def load_baseline(path: str):
+    """The module at `path` (a pfedla.py of another version; it imports pfljax.core)."""
+    spec = importlib.util.spec_from_file_location("pfedla_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv):
     del argv
     for name in FLAGS.cases:
@@ -63,6 +77,8 @@ def main(argv):
         data = random_data(num, rows)
         common = dict(clients_per_round=k, client_map=FLAGS.client_map)
         algs = {"fedavg": fedavg.build(model, spec, **common), "pfedla": pfedla.build(model, spec, **common)}
+        if FLAGS.baseline:
+            algs["baseline"] = load_baseline(FLAGS.baseline).build(model, spec, **common)
         res = timing.compare_rounds(algs, data, FLAGS.repeats, FLAGS.donate)
         avg, la = res["fedavg"], res["pfedla"]
         ratio = la["round_s"] / avg["round_s"]
@@ -84,6 +100,11 @@ def main(argv):
             "fedavg_temp_MB": round(avg["memory"].get("round_temp_bytes", -1) / 2**20, 2),
             "pfedla_temp_MB": round(la["memory"].get("round_temp_bytes", -1) / 2**20, 2),
         }
+        if FLAGS.baseline:
+            base = res["baseline"]
+            out["baseline_s"] = round(base["round_s"], 4)
+            out["baseline_over_fedavg"] = round(base["round_s"] / avg["round_s"], 3)
+            out["baseline_temp_MB"] = round(base["memory"].get("round_temp_bytes", -1) / 2**20, 2)
         print(json.dumps(out) if FLAGS.json else "  ".join(f"{k}={v}" for k, v in out.items()), flush=True)
 
 

@@ -114,8 +114,10 @@ def client_update(hp: PFedHNHyper, state: PFedHNState, cid, start, data, key):
     return (delta, {c: v for c, v in res.params.items() if c != "params"}), res.loss
 
 
-def server_update(hp: PFedHNHyper, state: PFedHNState, outputs, part: Participants, grad_of):
-    """One hypernetwork step on the sum (or mean) of the K pullbacks of -delta."""
+def server_update(hp: PFedHNHyper, state: PFedHNState, outputs, part: Participants, grad_of, starts):
+    """One hypernetwork step on the sum (or mean) of the K pullbacks of -delta (the
+    clients return their delta; `starts` unused)."""
+    del starts
     deltas, extra = outputs
     scale = 1.0 / part.k if hp.combine == "mean" else 1.0
     grads = jax.tree.map(lambda g: g * scale, grad_of(deltas))

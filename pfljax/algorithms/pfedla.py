@@ -26,9 +26,9 @@ mixed or sent.
 The round is `federated_round` with `hypernet.generated_step`: `generate_starts`
 (the hypernetworks' weights and the mixing, with its pullback), `client_update`
 (local training from the start), `server_update` (store the models, step the
-hypernetworks). `evaluate`: `accuracy` is client i's personalized aggregate
-theta_bar_i (what it would download next, as the public code tests it);
-`own_accuracy` its latest locally trained model theta_i.
+hypernetworks along the pullback of trained - start). `evaluate`: `accuracy` is
+client i's personalized aggregate theta_bar_i (what it would download next, as the
+public code tests it); `own_accuracy` its latest locally trained model theta_i.
 
 Choices where the public (unofficial) code, KarhouTam/pFedLA and its FL-bench
 port, differs or the paper is silent:
@@ -161,22 +161,28 @@ def layer_mix(alpha: jax.Array, client_params: PyTree, groups: PyTree) -> PyTree
 MIX_CHUNK_BYTES = 1 << 20  # about this many bytes of the [N, chunk] models per chunk
 
 
-def _chunked(fn: Callable, init: jax.Array, x: jax.Array, ref: jax.Array) -> jax.Array:
+def _chunked(fn: Callable, init: jax.Array, x: jax.Array, ref: jax.Array, hold: bool = False):
     """Folds fn(acc, x[:, cols] - ref[cols], cols, fresh) over column chunks of x [N, P]
     (the last chunk ends at P and overlaps the one before: `fresh` [width] marks the
-    columns no earlier chunk covered). One chunk, no loop, when P is small."""
+    columns no earlier chunk covered). One chunk, no loop, when P is small.
+    `hold`: returns (acc, x), x held through the loop where there is one (an optimization
+    barrier keeps JAX from forwarding it), so that what writes into it is ordered after
+    the loop and XLA need not copy x (see `generate_starts`)."""
     n, p = x.shape
     width = min(p, max(8, MIX_CHUNK_BYTES // (4 * n)))
+    chunks = -(-p // width)
+    barrier = jax.lax.optimization_barrier if hold and chunks > 1 else lambda held: held
 
-    def body(acc, i):
+    def body(carry, i):
+        acc, held = carry
         start = jnp.minimum(i * width, p - width)
         cols = (start, width)
-        diff = (
-            jax.lax.dynamic_slice_in_dim(x, start, width, 1) - jax.lax.dynamic_slice_in_dim(ref, *cols)[None]
-        )
-        return fn(acc, diff, cols, start + jnp.arange(width) >= i * width), None
+        diff = jax.lax.dynamic_slice_in_dim(held, *cols, 1) - jax.lax.dynamic_slice_in_dim(ref, *cols)[None]
+        acc = fn(acc, diff, cols, start + jnp.arange(width) >= i * width)
+        return (acc, barrier(held)), None
 
-    return jax.lax.scan(body, init, jnp.arange(-(-p // width)))[0]
+    acc, held = jax.lax.scan(body, (init, x), jnp.arange(chunks))[0]
+    return (acc, held) if hold else acc
 
 
 def diff_mix(a: jax.Array, x: jax.Array, ref: jax.Array) -> jax.Array:
@@ -190,14 +196,30 @@ def diff_mix(a: jax.Array, x: jax.Array, ref: jax.Array) -> jax.Array:
     return _chunked(one, jnp.zeros((a.shape[0], x.shape[1]), x.dtype), x, ref)
 
 
-def diff_dots(d: jax.Array, x: jax.Array, ref: jax.Array) -> jax.Array:
-    """d @ (x - ref)^T: d [K, P], x [N, P], ref [P] -> [K, N], chunked over P."""
+class Difference(NamedTuple):
+    """a - b of two trees (or arrays) of one shape, formed where it is used, chunk by chunk."""
+
+    a: Any
+    b: Any
+
+
+def _cols(t, cols: tuple) -> jax.Array:
+    """Columns cols = (start, width) of t [K, P], or of a - b for t = Difference(a, b)."""
+    if isinstance(t, Difference):
+        return _cols(t.a, cols) - _cols(t.b, cols)
+    return jax.lax.dynamic_slice_in_dim(t, *cols, axis=1)
+
+
+def diff_dots(d, x: jax.Array, ref: jax.Array, hold: bool = False):
+    """d @ (x - ref)^T: d [K, P] (or a `Difference` of two), x [N, P], ref [P] -> [K, N],
+    chunked over P (`hold`: and x, held through the loop, as in `_chunked`)."""
+    k = jax.tree.leaves(d)[0].shape[0]
 
     def one(acc, diff, cols, fresh):
-        part = jnp.where(fresh[None], jax.lax.dynamic_slice_in_dim(d, *cols, axis=1), 0.0)
+        part = jnp.where(fresh[None], _cols(d, cols), 0.0)
         return acc + jnp.dot(part, diff.T, precision=HIGHEST)
 
-    return _chunked(one, jnp.zeros((d.shape[0], x.shape[0]), d.dtype), x, ref)
+    return _chunked(one, jnp.zeros((k, x.shape[0]), x.dtype), x, ref, hold)
 
 
 def _flat(x: jax.Array) -> jax.Array:
@@ -214,13 +236,21 @@ def mix_from_ref(alpha: jax.Array, client_params: PyTree, ref: PyTree, groups: P
     return jax.tree.map(one, groups, client_params, ref)
 
 
-def mix_cotangent(ct: PyTree, client_params: PyTree, ref: PyTree, groups: PyTree, shape) -> jax.Array:
+def mix_cotangent(ct: PyTree, client_params: PyTree, ref: PyTree, groups: PyTree, shape, hold: bool = False):
     """The cotangent [K, L, N] of `mix_from_ref`'s alpha for the cotangent `ct` [K, ...] of
-    its output: entry (k, l, n) sums <ct[k]^leaf, x[n]^leaf - ref^leaf> over group l's leaves."""
-    out = jnp.zeros(shape, jnp.float32)
-    for g, c, x, r in zip(*(jax.tree.leaves(t) for t in (groups, ct, client_params, ref))):
-        out = out.at[:, g].add(diff_dots(_flat(c), _flat(x), r.reshape(-1)))
-    return out
+    its output (or a `Difference` of two such trees, never stored): entry (k, l, n) sums
+    <ct[k]^leaf, x[n]^leaf - ref^leaf> over group l's leaves.
+    `hold`: returns (cotangent, client_params held through the loops, as in `_chunked`)."""
+    if isinstance(ct, Difference):
+        cts = [Difference(_flat(a), _flat(b)) for a, b in zip(*map(jax.tree.leaves, ct))]
+    else:
+        cts = [_flat(c) for c in jax.tree.leaves(ct)]
+    out, held = jnp.zeros(shape, jnp.float32), []
+    for g, x, r, c in zip(*(jax.tree.leaves(t) for t in (groups, client_params, ref)), cts):
+        dots = diff_dots(c, _flat(x), r.reshape(-1), hold)
+        dots, x = (dots[0], dots[1].reshape(x.shape)) if hold else (dots, x)
+        out, held = out.at[:, g].add(dots), held + [x]
+    return (out, jax.tree.unflatten(jax.tree.structure(client_params), held)) if hold else out
 
 
 def normalize_weights(raw: jax.Array, self_index: jax.Array, how: str) -> jax.Array:
@@ -385,41 +415,51 @@ def generate_starts(hp: PFedLAHyper, state: PFedLAState, part: Participants):
     formed chunk by chunk (`diff_mix`, `diff_dots`), never as a [C, ...] tree; the
     weights' cotangent is written out (`mix_cotangent`) and pulled back through the
     hypernetworks with one `jax.vjp`, as `hypernet.vjp_generate` would.
+    `delta` may be a `Difference` (trained - starts, `server_update`): it is then formed
+    chunk by chunk too, never stored. `grad_of(delta, hold=True)` also returns the client
+    models ("params") held through the pullback's loops: written into after it, a donated
+    state is then updated in place (otherwise XLA copies all C models twice: once for the
+    loops, once more as the pullback could run after the write).
     """
     all_params = state.client_params["params"]
     ref = jax.tree.map(lambda x: x[0], all_params)
     weights = lambda hn_rows: participant_layer_weights(hp, hn_rows, part)[0]  # noqa: E731
     alpha, pullback = jax.vjp(weights, part.gather(state.client_hn))
 
-    def grad_of(delta):
-        cotangent = mix_cotangent(jax.tree.map(jnp.negative, delta), all_params, ref, hp.groups, alpha.shape)
-        return pullback(cotangent)[0]
+    def grad_of(delta, hold=False):
+        neg = isinstance(delta, Difference)
+        ct = Difference(delta.b, delta.a) if neg else jax.tree.map(jnp.negative, delta)
+        cotangent = mix_cotangent(ct, all_params, ref, hp.groups, alpha.shape, hold)
+        if not hold:
+            return pullback(cotangent)[0]
+        return pullback(cotangent[0])[0], cotangent[1]
 
     return mix_from_ref(alpha, all_params, ref, hp.groups), grad_of
 
 
 def client_update(hp: PFedLAHyper, state: PFedLAState, cid, start, data, key):
     """ONE client: its own non-"params" collections with its start, trained locally.
-    Returns (trained variables, delta = trained params - start) and the loss."""
+    Returns the trained variables and the loss."""
     rest = take({name: v for name, v in state.client_params.items() if name != "params"}, cid)
     res = hp.train({**rest, "params": start}, data, key)
-    return (res.params, jax.tree.map(jnp.subtract, res.params["params"], start)), res.loss
+    return res.params, res.loss
 
 
-def server_update(hp: PFedLAHyper, state: PFedLAState, outputs, part: Participants, grad_of):
+def server_update(hp: PFedLAHyper, state: PFedLAState, trained, part: Participants, grad_of, starts):
     """Stores the trained models; steps each participant's hypernetwork along the
-    pullback of its -delta (+delta with hn_sign="code") and recomputes its weights."""
-    trained, delta = outputs
+    pullback of its -delta (+delta with hn_sign="code"), delta = trained params - start
+    (`starts` [K, ...], formed in the pullback), and recomputes its weights."""
+    delta = Difference(trained["params"], starts)
     if hp.hn_sign == "code":
-        delta = jax.tree.map(jnp.negative, delta)
+        delta = Difference(starts, trained["params"])
     hn_rows, opt_rows = part.gather(state.client_hn), part.gather(state.client_hn_opt)
     alpha, retained = participant_layer_weights(hp, hn_rows, part)
-    hn, hn_opt = jax.vmap(lambda p, o, g: hypernet.apply_grads(hp.optimizer, p, o, g))(
-        hn_rows, opt_rows, grad_of(delta)
-    )
+    grads, held = grad_of(delta, hold=True)
+    step = lambda p, o, g: hypernet.apply_grads(hp.optimizer, p, o, g)  # noqa: E731
+    hn, hn_opt = jax.vmap(step)(hn_rows, opt_rows, grads)
     client_alpha = state.client_alpha.at[part.ids].set(participant_layer_weights(hp, hn, part)[0])
     new_state = state._replace(
-        client_params=part.scatter(state.client_params, trained),
+        client_params=part.scatter({**state.client_params, "params": held}, trained),
         client_hn=part.scatter(state.client_hn, hn),
         client_hn_opt=part.scatter(state.client_hn_opt, hn_opt),
         client_alpha=client_alpha,

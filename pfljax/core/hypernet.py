@@ -245,14 +245,15 @@ def generated_step(
         all K).
       client_update: `(state, cid, start, data, key) -> (output, loss)` for ONE
         client, `start` its own row of `starts`.
-      server_update: `(state, outputs [K], part, grad_of) -> (state, metrics)`.
+      server_update: `(state, outputs [K], part, grad_of, starts) -> (state, metrics)`; the
+        starts let a server form trained - start itself (pFedLA) where clients need not return it.
       client_map: how the per-client function is mapped (ClientMap or a callable).
     """
 
     def step(state, data, part):
         starts, grad_of = generate(state, part)
         outputs, losses = map_clients(client_update, client_map, state, data, part, starts)
-        new_state, metrics = server_update(state, outputs, part, grad_of)
+        new_state, metrics = server_update(state, outputs, part, grad_of, starts)
         return new_state, losses, metrics
 
     return step

@@ -101,6 +101,53 @@ def test_chunked_starts_and_pullback_equal_the_previous_formulation(monkeypatch,
     chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk_bytes", [pfedla.MIX_CHUNK_BYTES, 240])
+def test_pullback_of_a_difference_holds_the_models(monkeypatch, chunk_bytes):
+    """grad_of(Difference(trained, starts), hold=True), as server_update calls it (delta
+    formed chunk by chunk, the client models held through the loops), gives the gradients
+    of the stored delta trained - starts (bit for bit) and the client models unchanged."""
+    monkeypatch.setattr(pfedla, "MIX_CHUNK_BYTES", chunk_bytes)
+    hp = pfedla.make_hyper(
+        MODEL, SPEC, 0, "module", "relu_normalize", 5, (7, 6), "auto", "adam", 1e-3, 0.0, "descent", 0
+    )
+    state = pfedla.build(MODEL, SPEC, **HN).init(jax.random.key(0), None, C)
+    state = state._replace(client_params={"params": random_stack(3)})
+    ids = jnp.asarray([0, 2, 3, 5], jnp.int32)
+    part = pfedla.Participants(ids, jnp.ones(4), jax.random.key(1), jax.random.key(2), C)
+    trained = jax.tree.map(lambda x: x[:4], random_stack(4))
+
+    @jax.jit
+    def both():
+        starts, grad_of = pfedla.generate_starts(hp, state, part)
+        stored = grad_of(jax.tree.map(jnp.subtract, trained, starts))
+        return stored, grad_of(pfedla.Difference(trained, starts), hold=True)
+
+    stored, (grads, held) = both()
+    chex.assert_trees_all_equal(grads, stored)
+    chex.assert_trees_all_equal(held, state.client_params["params"])
+
+
+def test_donated_round_writes_the_looped_models_in_place(monkeypatch):
+    """With the state donated, the client models whose chunks are looped over (the two
+    kernels at 240 bytes a chunk) are not copied: the pullback's loops hold them, so the
+    trained rows are written after the loops, in place."""
+    monkeypatch.setattr(pfedla, "MIX_CHUNK_BYTES", 240)
+    alg = pfedla.build(MODEL, SPEC, clients_per_round=4, **HN)
+    state = alg.init(jax.random.key(0), None, C)
+    compiled = jax.jit(alg.round, donate_argnums=0).lower(state, toy_data(COUNTS), KEY).compile()
+    entry = compiled.as_text().split("ENTRY", 1)[1]
+    copied = {
+        line.split("copy(")[0].split("=")[1].split("{")[0].strip()
+        for line in entry.splitlines()
+        if " copy(" in line
+    }
+    kernels = {f"f32[{C},6,8]", f"f32[{C},8,3]"}
+    assert kernels <= {
+        f"f32[{C}," + ",".join(map(str, x.shape[1:])) + "]" for x in jax.tree.leaves(state.client_params)
+    }
+    assert not kernels & copied, copied
+
+
 def test_normalize_and_top_k():
     raw = jnp.array([[1.0, -2.0, 3.0], [-1.0, -1.0, -5.0]])
     relu = pfedla.normalize_weights(raw, jnp.int32(1), "relu_normalize")
