@@ -13,7 +13,9 @@ all C client models pFedLA keeps, and XLA's temp-buffer size of each compiled ro
 participants' rows of the [C, ...] state are then written in place).
 --baseline: another version of pfljax/algorithms/pfedla.py (e.g. `git show
 REV:pfljax/algorithms/pfedla.py > /tmp/pfedla_before.py`), timed in the same interleaving
-(`baseline_s`, `baseline_over_fedavg`): before/after figures from one process.
+(`baseline_s`, `baseline_over_fedavg`): before/after figures from one process. The file
+runs against today's pfljax.core: a version from before `hypernet.generated_step` passed
+the starts to `server_update` (a460bea) needs that argument added to its server_update.
 """
 
 from __future__ import annotations
