@@ -60,7 +60,9 @@ def summarize(trace_dir: str, top: int) -> list[dict]:
     with gzip.open(max(paths), "rt") as f:
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {
+        e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
     per = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))
     for e in events:
         if e.get("ph") == "X" and "dur" in e:

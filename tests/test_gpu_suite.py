@@ -25,7 +25,10 @@ def run_smoke(out: str) -> subprocess.CompletedProcess:
         "JAX_COMPILATION_CACHE_DIR", os.environ.get("PFLJAX_TEST_JAX_CACHE", os.path.join(ROOT, ".jax_cache"))
     )
     return subprocess.run(
-        [sys.executable, "-m", "experiments.gpu_suite", "--smoke", f"--out={out}", "--pfllib_maps=auto:0:auto,map:2:while"],
+        [
+            sys.executable, "-m", "experiments.gpu_suite", "--smoke", f"--out={out}",
+            "--pfllib_maps=auto:0:auto,map:2:while",
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         cwd=ROOT,

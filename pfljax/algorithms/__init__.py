@@ -11,7 +11,8 @@ str]`, old option names -> new ones (refused with a message naming the new one);
 and `HOST_STORAGE_REFUSED`, why its clients cannot live in host memory
 (`pfljax.core.offload`: its round reads or writes rows of clients that do not take
 part, or keeps O(C) state per client): a string, or a function of the build options
-returning one or None; without it, host storage is allowed.
+returning one or None (`pfljax.core.offload.refused_when` for one boolean option);
+without it, host storage is allowed.
 Every numeric option of `build` has a domain (`pfljax.core.domains.Domain`), declared
 next to the options as `DOMAINS` and given to `@checked(DOMAINS)` on `build`;
 `domains(name)` reads them (the experiment config checks its values against them).

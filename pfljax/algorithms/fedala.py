@@ -44,6 +44,7 @@ from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.layers import last_layers
 from pfljax.core.local import LocalTraining, batch_rows, make_local_train, shuffled_rows
 from pfljax.core.losses import get_loss, masked_mean
+from pfljax.core.offload import refused_when
 from pfljax.core.privacy import ClientDP
 from pfljax.core.round import Participants, check_weighting, federated_round, map_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -213,14 +214,12 @@ def evaluate(
     return evaluate_clients(model.apply, variables_of, data.test, client_map, loss)
 
 
-def HOST_STORAGE_REFUSED(options: dict) -> str | None:  # noqa: N802  (read by pfljax.algorithms)
-    """Why the clients cannot live in host memory with these build options, or None."""
-    if options.get("all_clients", False):
-        return (
-            "all_clients=True runs ALA on every client each round; all_clients=False "
-            "(the default) only on the participants"
-        )
-    return None
+HOST_STORAGE_REFUSED = refused_when(
+    "all_clients",
+    False,
+    "all_clients=True runs ALA on every client each round; all_clients=False "
+    "(the default) only on the participants",
+)
 
 
 DOMAINS = {

@@ -39,6 +39,7 @@ from pfljax.core.domains import Domain, checked, known_zero
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, epoch_orders, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
+from pfljax.core.offload import refused_when
 from pfljax.core.round import Participants, check_weighting, federated_round, map_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model
@@ -158,14 +159,12 @@ def evaluate(model: Model, client_map, loss, state: PFedMeState, data: ClientDat
     )
 
 
-def HOST_STORAGE_REFUSED(options: dict) -> str | None:  # noqa: N802  (read by pfljax.algorithms)
-    """Why the clients cannot live in host memory with these build options, or None."""
-    if options.get("train_all", True):
-        return (
-            "train_all=True (the default, the paper's) trains every client "
-            "each round; train_all=False trains only the participants"
-        )
-    return None
+HOST_STORAGE_REFUSED = refused_when(
+    "train_all",
+    True,
+    "train_all=True (the default, the paper's) trains every client each round; "
+    "train_all=False trains only the participants",
+)
 
 
 DOMAINS = {

@@ -173,9 +173,7 @@ def epoch_orders(spec: LocalTraining, key: jax.Array, count: jax.Array, n_max: i
     return jax.vmap(lambda e: epoch_order(key, e, count, n_max, spec.batch_size))(jnp.arange(epochs))
 
 
-def step_batch(
-    spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Array, n_max: int, orders=None
-):
+def step_batch(spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Array, n_max: int, orders=None):
     """Rows [B], weights [B] and activity of local step s (0, 1, 2, ... across epochs)
     of one client, as `make_local_train` would draw them with the same key; `orders`:
     `epoch_orders(spec, key, count, n_max)` (None: this step's epoch order is drawn here).

@@ -302,3 +302,9 @@ class CompiledHostBlock(NamedTuple):
 
     def memory_analysis(self):
         return self.round.memory_analysis()
+
+
+def refused_when(option: str, default: bool, reason: str) -> Callable[[dict], str | None]:
+    """A module's `HOST_STORAGE_REFUSED` function: `reason` when the build option `option`
+    (default `default`) is true, else None (host storage allowed)."""
+    return lambda options: reason if options.get(option, default) else None

@@ -265,7 +265,9 @@ def test_epoch_orders_drawn_before_the_steps_give_the_same_training(monkeypatch)
 
     def run(loop, mapper):
         train = make_local_train(model.apply, spec._replace(loop=loop, optimizer=optax.adam(0.01)))
-        return jax.jit(lambda: mapper(lambda a: train(params, take(data, a[0]), a[1]), (jnp.arange(4), keys)))()
+        return jax.jit(
+            lambda: mapper(lambda a: train(params, take(data, a[0]), a[1]), (jnp.arange(4), keys))
+        )()
 
     mappers = {"map": lambda f, xs: jax.lax.map(f, xs), "vmap": lambda f, xs: jax.vmap(f)(xs)}
     ahead = {(loop, m): run(loop, f) for loop in ("scan", "while") for m, f in mappers.items()}
