@@ -56,9 +56,12 @@ from absl import app, flags
 
 from experiments import bench, bench_eval, bench_sweep, bench_vs_torch, timing
 from pfljax.core import replicas
+from pfljax.core.clients import STRATEGIES
 from pfljax.core.evaluate import EVAL_CHUNK
+from pfljax.core.local import LOOPS
 from pfljax.core.types import Algorithm
 from pfljax.experiment import base_config
+from pfljax.experiment.cli import fail
 from pfljax.experiment.config import make_data, make_model, prepare, resolve
 from pfljax.experiment.configs import pfllib_fmnist
 
@@ -335,11 +338,25 @@ def run_case(name: str, plan: Plan, path: str) -> None:
     emit(path, {"case": name, "case_s": sig(time.perf_counter() - t0), **device})
 
 
+def valid_map(spec: str) -> bool:
+    """Whether `spec` is "client_map:chunk_size:local_loop" with known values."""
+    parts = spec.split(":")
+    if len(parts) != 3 or not parts[1].isdigit():
+        return False
+    return parts[0] in STRATEGIES and parts[2] in LOOPS
+
+
 def main(argv):
     del argv
     unknown = [c for c in FLAGS.cases if c not in CASES]
     if unknown:
         raise app.UsageError(f"unknown cases {unknown}; known: {list(CASES)}")
+    bad = [spec for spec in FLAGS.pfllib_maps if not valid_map(spec)]
+    if bad:
+        fail(
+            f"--pfllib_maps entries must be client_map:chunk_size:local_loop with client_map in "
+            f"{STRATEGIES}, chunk_size an integer >= 0, local_loop in {LOOPS}; got {bad}"
+        )
     plan = SMOKE if FLAGS.smoke else FULL
     t0 = time.perf_counter()
     emit(

@@ -30,10 +30,12 @@ from absl import app, flags
 from experiments import bench, timing
 from experiments.gpu_suite import seeds_algorithm
 from pfljax.algorithms import fedavg
-from pfljax.core.clients import ClientMap
-from pfljax.core.local import LocalTraining
+from pfljax.core.clients import STRATEGIES, ClientMap
+from pfljax.core.local import LOOPS, LocalTraining
+from pfljax.experiment.cli import fail
 from pfljax.experiment.config import prepare
 from pfljax.experiment.configs import pfllib_fmnist
+from pfljax.models.conv import IMPLS
 
 FLAGS = flags.FLAGS
 
@@ -86,8 +88,29 @@ def summarize(trace_dir: str, top: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["events_s"])
 
 
+def check_flags() -> None:
+    """One line naming the flag and its allowed values (exit 2) before anything runs."""
+    cases = sorted(bench.CASES) + ["pfllib_dir"]
+    choices = {"case": cases, "client_map": STRATEGIES, "local_loop": LOOPS, "conv_impl": IMPLS}
+    for name, allowed in choices.items():
+        if FLAGS[name].value not in allowed:
+            fail(f"--{name} must be one of {list(allowed)}, got {FLAGS[name].value!r}")
+    for name, low in (
+        ("clients", 0),
+        ("rows", 0),
+        ("steps", 0),
+        ("chunk_size", 0),
+        ("seeds", 1),
+        ("rounds", 1),
+        ("top", 1),
+    ):
+        if FLAGS[name].value < low:
+            fail(f"--{name} must be an integer >= {low}, got {FLAGS[name].value}")
+
+
 def main(argv):
     del argv
+    check_flags()
     client_map = ClientMap(FLAGS.client_map, FLAGS.chunk_size or None)
     sizes = {k: v for k, v in (("rows", FLAGS.rows), ("steps", FLAGS.steps)) if v}
     alg, data = build(FLAGS.case, FLAGS.clients, client_map, FLAGS.local_loop, FLAGS.conv_impl, sizes)

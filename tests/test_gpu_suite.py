@@ -78,3 +78,17 @@ def test_smoke_suite_every_case_measured(tmp_path):
     assert by_case["pfllib_dir"][0]["seeds"] == 3
     assert [r["map"] for r in by_case["pfllib_dir"]] == ["auto:0:auto", "map:2:while"]
     assert {r["eval_chunk"] for r in by_case["eval_chunk"]} == {4, 16}
+
+
+def test_a_bad_pfllib_map_is_refused_in_one_line_before_any_case(tmp_path):
+    out = tmp_path / "suite.jsonl"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.gpu_suite", "--smoke", f"--out={out}",
+         "--pfllib_maps=map:x:while"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --pfllib_maps entries must be"), lines
+    assert "map:x:while" in lines[0] and not out.exists()

@@ -28,3 +28,19 @@ def test_profile_of_a_tiny_round_lists_the_busiest_events(tmp_path):
         assert all(t["count"] >= 1 and 0 <= t["share"] <= 1 for t in tops)
     names = {t["name"] for p in processes for t in p["top"]}
     assert any("Execute" in n or "run_timed" in n for n in names), names
+
+
+def test_bad_flags_get_one_line_and_exit_2_before_anything_runs(tmp_path):
+    for flag, words in (
+        ("--case=nope", "--case must be one of"),
+        ("--client_map=pmap", "--client_map must be one of"),
+        ("--rounds=0", "--rounds must be an integer >= 1"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "experiments.profile_round", flag, f"--trace_dir={tmp_path}"],
+            capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2, (flag, proc.stderr[-2000:])
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: " + words), (flag, lines)
+    assert not list(tmp_path.iterdir())  # nothing traced
