@@ -25,6 +25,10 @@ case; summary rows carry their target and whether it is met.
   could give on this device (per-round time = device work + host visit).
 - pfllib_dir_round: FedAvg on `pfllib_fmnist.py:dir` (one seed): seconds of one
   jitted round and of one evaluation (warm, best of --repeats); target eval/train <= 0.2.
+- epoch_orders (not in the default --cases): one round of FedAvg (vmap, map) and SCAFFOLD
+  (MLP 784-200-10, 20 random clients of 100-1,000 rows, batch 10, one epoch) with the epoch
+  row orders drawn before the local steps (the library's) vs during them (the code before,
+  `local.MAX_PLANNED_ROWS = 0`), interleaved; `same_state`: the two rounds' states are equal.
 """
 
 from __future__ import annotations
@@ -41,14 +45,16 @@ import optax
 from absl import app, flags
 
 from experiments.timing import time_round
-from pfljax.algorithms import fedavg
+from pfljax.algorithms import fedavg, scaffold
+from pfljax.core import local
 from pfljax.core.clients import ClientMap, take
 from pfljax.core.evaluate import EVAL_CHUNK, evaluate_clients, predict_rows, scores_from_outputs
 from pfljax.core.local import LocalTraining
-from pfljax.core.types import ClientPool
+from pfljax.core.types import ClientArrays, ClientData, ClientPool
 from pfljax.experiment import base_config, train, train_and_evaluate
 from pfljax.experiment.config import make_data, make_model, prepare, resolve
 from pfljax.experiment.configs import pfllib_fmnist
+from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("json", False, "print one JSON object per line (else a readable line)")
@@ -241,7 +247,50 @@ def case_pfllib_dir_round(repeats: int) -> None:
     })  # fmt: skip
 
 
-CASES = {"blocks": case_blocks, "eval_rows": case_eval_rows, "pfllib_dir_round": case_pfllib_dir_round}
+def case_epoch_orders(repeats: int) -> None:
+    """One round of FedAvg (vmap and map) and SCAFFOLD with every epoch's row order drawn
+    before the local steps (`local.epoch_orders`, the default) vs drawn during them
+    (`MAX_PLANNED_ROWS = 0`, the code before), same random data, interleaved."""
+    rng = np.random.default_rng(0)
+    num, rows = 20, 1000
+    x = jnp.asarray(rng.normal(size=(num, rows, 784)).astype(np.float32))
+    y = jnp.asarray(rng.integers(0, 10, (num, rows)).astype(np.int32))
+    arrays = ClientArrays(x, y, jnp.asarray(rng.integers(rows // 10, rows + 1, num).astype(np.int32)))
+    data = ClientData(arrays, arrays)
+    model = build_model("mlp", (784,), 10, hidden=(200,))
+    spec = LocalTraining(optax.sgd(0.01), batch_size=10, epochs=1)
+    builds = {
+        "fedavg_vmap": lambda: fedavg.build(model, spec, client_map="vmap"),
+        "fedavg_map": lambda: fedavg.build(model, spec, client_map="map"),
+        "scaffold_map": lambda: scaffold.build(model, spec, client_map="map"),
+    }
+    for name, build in builds.items():
+        fns, args = {}, {}
+        for version, limit in (("drawn_during", 0), ("drawn_before", local.MAX_PLANNED_ROWS)):
+            saved, local.MAX_PLANNED_ROWS = local.MAX_PLANNED_ROWS, limit
+            alg = build()
+            state = alg.init(jax.random.key(0), None, num)
+            fns[version] = jax.jit(alg.round).lower(state, data, jax.random.key(1)).compile()
+            args[version] = (state, data, jax.random.key(1))
+            local.MAX_PLANNED_ROWS = saved
+        outs, med = interleaved_medians(fns, args, repeats)
+        same = all(
+            bool(jnp.array_equal(a, b)) for a, b in zip(*(jax.tree.leaves(o[0]) for o in outs.values()))
+        )
+        emit({
+            "case": "epoch_orders", "round": name, "drawn_during_s": round(med["drawn_during"], 4),
+            "drawn_before_s": round(med["drawn_before"], 4),
+            "speedup": round(med["drawn_during"] / med["drawn_before"], 3), "same_state": same,
+            "backend": jax.default_backend(),
+        })  # fmt: skip
+
+
+CASES = {
+    "blocks": case_blocks,
+    "eval_rows": case_eval_rows,
+    "pfllib_dir_round": case_pfllib_dir_round,
+    "epoch_orders": case_epoch_orders,
+}
 
 
 def main(argv):
