@@ -32,6 +32,7 @@ from pfljax.core import aggregate
 from pfljax.core.clients import ClientMap, take
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.types import ClientArrays, ClientData
+from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
@@ -178,4 +179,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

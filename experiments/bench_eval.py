@@ -22,6 +22,7 @@ from absl import app, flags
 
 from pfljax.core import evaluate
 from pfljax.core.clients import ClientMap
+from pfljax.experiment.cli import parse_flags
 from pfljax.experiment.config import make_data, make_model, resolve
 from pfljax.experiment.configs import pfllib_fmnist
 
@@ -88,4 +89,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -30,6 +30,7 @@ from absl import app, flags  # noqa: E402
 
 from experiments import bench  # noqa: E402
 from pfljax.algorithms import fedavg, fedfac  # noqa: E402
+from pfljax.experiment.cli import parse_flags
 
 FLAGS = flags.FLAGS  # --cases, --repeats and --json come from experiments.bench
 flags.DEFINE_string("method", "ipf", "factor_split method")
@@ -94,4 +95,4 @@ def main(argv):
 
 if __name__ == "__main__":
     bench.define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -52,6 +52,7 @@ from pfljax.core.evaluate import EVAL_CHUNK, evaluate_clients, predict_rows, sco
 from pfljax.core.local import LocalTraining
 from pfljax.core.types import ClientArrays, ClientData, ClientPool
 from pfljax.experiment import base_config, train, train_and_evaluate
+from pfljax.experiment.cli import parse_flags
 from pfljax.experiment.config import make_data, make_model, prepare, resolve
 from pfljax.experiment.configs import pfllib_fmnist
 from pfljax.models import build_model
@@ -303,4 +304,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -34,6 +34,7 @@ from pfljax.algorithms import fedavg, pfedla
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes
 from pfljax.core.types import ClientArrays, ClientData
+from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
@@ -111,4 +112,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

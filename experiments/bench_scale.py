@@ -64,6 +64,7 @@ from pfljax.core.params import tree_bytes
 from pfljax.core.sampling import sample_clients
 from pfljax.core.types import ClientData, ClientPool
 from pfljax.data import build_federated_data, pool_clients
+from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
@@ -440,4 +441,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -43,6 +43,7 @@ from absl import app, flags  # noqa: E402
 from experiments import bench  # noqa: E402
 from pfljax.algorithms import fedavg  # noqa: E402
 from pfljax.core.clients import ClientMap  # noqa: E402
+from pfljax.experiment.cli import parse_flags  # noqa: E402
 from pfljax.sharding import ShardedMap, client_mesh, shard_algorithm  # noqa: E402
 
 FLAGS = flags.FLAGS  # --cases, --repeats, --json come from experiments.bench
@@ -97,4 +98,4 @@ def main(argv):
 
 if __name__ == "__main__":
     bench.define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -31,6 +31,7 @@ from absl import app, flags
 from experiments import bench
 from pfljax.algorithms import fedavg
 from pfljax.core import replicas
+from pfljax.experiment.cli import parse_flags
 
 FLAGS = flags.FLAGS
 
@@ -130,4 +131,4 @@ def main(argv):
 if __name__ == "__main__":
     define_flags()
     FLAGS.set_default("repeats", 5)
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

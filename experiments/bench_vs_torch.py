@@ -56,6 +56,7 @@ from pfljax.core.losses import PAD_ID
 from pfljax.core.types import ClientData
 from pfljax.data.federated import pad_clients
 from pfljax.data.partition import dirichlet
+from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
@@ -632,4 +633,4 @@ def define_flags():
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

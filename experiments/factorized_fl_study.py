@@ -47,6 +47,7 @@ from pfljax.core.clients import as_client_map
 from pfljax.core.evaluate import summarize
 from pfljax.core.local import LocalTraining
 from pfljax.data import build_federated_data
+from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
@@ -339,4 +340,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

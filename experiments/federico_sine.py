@@ -24,6 +24,7 @@ from pfljax.algorithms import fedavg, federico, local
 from pfljax.core.clients import take
 from pfljax.core.local import LocalTraining
 from pfljax.data.sine import sine_federated_data
+from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
@@ -103,4 +104,4 @@ def plot(fd, results, post, path):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -55,6 +55,7 @@ from pfljax.algorithms import cfl, fedavg, fedavg_ft, fedem, federico, fedfomo, 
 from pfljax.core.evaluate import summarize
 from pfljax.core.local import LocalTraining
 from pfljax.data import build_federated_data
+from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
@@ -316,4 +317,4 @@ def print_tables(results: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -93,6 +93,7 @@ from pfljax.algorithms import local as local_alg
 from pfljax.core.factor import factor_split, unit_observations
 from pfljax.core.local import LocalTraining
 from pfljax.data import build_federated_data
+from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
@@ -564,4 +565,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

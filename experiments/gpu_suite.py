@@ -61,7 +61,7 @@ from pfljax.core.evaluate import EVAL_CHUNK
 from pfljax.core.local import LOOPS
 from pfljax.core.types import Algorithm
 from pfljax.experiment import base_config
-from pfljax.experiment.cli import fail
+from pfljax.experiment.cli import fail, parse_flags
 from pfljax.experiment.config import make_data, make_model, prepare, resolve
 from pfljax.experiment.configs import pfllib_fmnist
 
@@ -383,4 +383,4 @@ def define_flags():
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

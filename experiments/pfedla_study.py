@@ -70,6 +70,7 @@ from pfljax.core.types import ClientData
 from pfljax.data import FederatedData, build_federated_data, pad_clients
 from pfljax.data import partition as part
 from pfljax.data.idx import load_fashion_mnist
+from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
@@ -387,4 +388,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

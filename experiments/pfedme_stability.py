@@ -27,6 +27,7 @@ from pfljax.algorithms.pfedme import make_moreau_train
 from pfljax.core.clients import take
 from pfljax.core.local import LocalTraining
 from pfljax.core.losses import get_loss
+from pfljax.experiment.cli import parse_flags
 from pfljax.experiment.config import make_data, make_model, resolve
 from pfljax.experiment.configs import pfllib_fmnist
 
@@ -79,4 +80,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -34,6 +34,8 @@ import re
 import numpy as np
 from absl import app, flags
 
+from pfljax.experiment.cli import parse_flags
+
 METHODS = {"FedAvg": "fedavg", "FedPer": "fedper", "Ditto": "ditto"}
 CURVE = {"FedAvg": "global", "FedPer": "personal", "Ditto": "personal"}
 
@@ -232,4 +234,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

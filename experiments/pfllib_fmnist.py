@@ -42,6 +42,8 @@ import time
 import numpy as np
 from absl import app, flags
 
+from pfljax.experiment.cli import parse_flags
+
 METHODS = {
     "fedavg": ("fedavg", ()),
     "fedprox": ("fedprox", ()),
@@ -225,4 +227,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

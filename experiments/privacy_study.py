@@ -34,6 +34,7 @@ from absl import app, flags
 from experiments.configs.default import get_config
 from pfljax import algorithms
 from pfljax.core.privacy import epsilon, noise_for_epsilon
+from pfljax.experiment.cli import parse_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("methods", ["fedavg", "fedper", "fedrep", "ditto"], "algorithms (must support DP)")
@@ -201,4 +202,4 @@ def write_table(results: dict, noises: dict, targets: list) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -32,7 +32,7 @@ from experiments.gpu_suite import seeds_algorithm
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import STRATEGIES, ClientMap
 from pfljax.core.local import LOOPS, LocalTraining
-from pfljax.experiment.cli import fail
+from pfljax.experiment.cli import fail, parse_flags
 from pfljax.experiment.config import prepare
 from pfljax.experiment.configs import pfllib_fmnist
 from pfljax.models.conv import IMPLS
@@ -147,4 +147,4 @@ def define_flags():
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

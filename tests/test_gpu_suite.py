@@ -26,7 +26,11 @@ def run_smoke(out: str) -> subprocess.CompletedProcess:
     )
     return subprocess.run(
         [
-            sys.executable, "-m", "experiments.gpu_suite", "--smoke", f"--out={out}",
+            sys.executable,
+            "-m",
+            "experiments.gpu_suite",
+            "--smoke",
+            f"--out={out}",
             "--pfllib_maps=auto:0:auto,map:2:while",
         ],  # fmt: skip
         capture_output=True,

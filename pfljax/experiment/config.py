@@ -49,6 +49,7 @@ from pfljax.data import FederatedData, build_federated_data
 from pfljax.data.federated import TEST_SPLITS
 from pfljax.data.idx import PIXEL_SCALES
 from pfljax.models import MODELS, Model, build_model
+from pfljax.models.weights import load_variables
 
 IDX_DIR = "/usr/share/datasets/fashion-mnist"
 # Arguments every build takes, set from the common fields instead.
@@ -334,6 +335,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Model (pfljax.models.build_model); model_kwargs go to the flax module.
     config.model = "mlp"
     config.model_kwargs = ml_collections.ConfigDict({"hidden": (200,)})
+    # .npz of starting weights for every seed and client (pfljax.models.weights: flax layout or a
+    # torch state_dict, e.g. another library's initial model); "": the model's own initialisation.
+    config.init_params = ""
     # Execution and outputs.
     config.client_map = "auto"
     config.chunk_size = 0  # 0: lax.map without chunks
@@ -504,6 +508,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_names(config, schema)
     _check_source(config)
     _check_pfllib_mode(config)
+    _check(
+        not config.init_params or os.path.isfile(config.init_params),
+        "init_params",
+        f"must be a .npz file's path ('': the model's own initialisation), got {config.init_params!r}",
+    )
     for field, allowed in choices().items():
         _one_of(config, field, allowed)
     for field, domain in numeric_domains(config).items():
@@ -809,6 +818,16 @@ def make_model(config, fed_data: FederatedData) -> Model:
     return model
 
 
+def load_initial_params(config, model: Model):
+    """config.init_params' variables for `model` (None when unset); ConfigError if they do not fit."""
+    if not config.init_params:
+        return None
+    try:
+        return load_variables(config.init_params, model)
+    except ValueError as e:
+        raise ConfigError(f"config.init_params: {_one_line(e)}") from None
+
+
 def make_client_map(config, mesh=None):
     """ClientMap from client_map/chunk_size; wrapped in a ShardedMap over `mesh` if given."""
     inner = ClientMap(config.client_map, config.chunk_size or None)
@@ -883,6 +902,7 @@ class Prepared(NamedTuple):
     config: Any = None
     notes: tuple = ()
     warnings: tuple = ()
+    initial_params: Any = None  # config.init_params' variables (numpy), or None
 
 
 def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
@@ -908,12 +928,16 @@ def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
         with jax.default_device(jax.local_devices(backend="cpu")[0]) if host else contextlib.nullcontext():
             fed_data = make_data(config)
     model = make_model(config, fed_data)
+    initial = load_initial_params(config, model)
     mesh = client_mesh(1 if config.client_storage == "host" else config.num_devices)
     algorithm = make_algorithm(
         config, model, make_client_map(config, mesh if mesh.size > 1 else None), fed_data.task
     )
     notes = (data_note(config), *notes)
-    return Prepared(fed_data, model, algorithm, mesh, config, notes, tuple(data_warnings(config, fed_data)))
+    if initial is not None:
+        notes = (*notes, f"starting weights: {config.init_params} (every seed and client)")
+    warnings = tuple(data_warnings(config, fed_data))
+    return Prepared(fed_data, model, algorithm, mesh, config, notes, warnings, initial)
 
 
 def _one_line(e: BaseException) -> str:

@@ -205,13 +205,14 @@ def host_program(prep, ckpts, plain, run_key, state) -> tuple[Program, object, O
     return program, hs, offload
 
 
-def initial_state(algorithm, key, num: int, host: bool):
-    """The algorithm's initial state for `num` clients, on the host (numpy); with host
-    storage computed on the CPU, so that C clients' rows never go to an accelerator."""
+def initial_state(algorithm, key, num: int, host: bool, params=None):
+    """The algorithm's initial state for `num` clients (from the starting variables
+    `params` if given), on the host (numpy); with host storage computed on the CPU,
+    so that C clients' rows never go to an accelerator."""
     if not host:
-        return jax.device_get(algorithm.init(key, None, num))
+        return jax.device_get(algorithm.init(key, params, num))
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        return jax.device_get(algorithm.init(key, None, num))
+        return jax.device_get(algorithm.init(key, params, num))
 
 
 def _run(prep, workdir: str, ckpts: Checkpoints, progress, t_start):
@@ -221,7 +222,7 @@ def _run(prep, workdir: str, ckpts: Checkpoints, progress, t_start):
     host_storage = config.client_storage == "host"
     run = shard_algorithm(prep.algorithm, prep.mesh, num)
     init_key, run_key = jax.random.split(jax.random.key(config.seed))
-    template = initial_state(prep.algorithm, init_key, num, host_storage)
+    template = initial_state(prep.algorithm, init_key, num, host_storage, prep.initial_params)
     start, state, host = _restore(config, plain, ckpts, template, workdir)
     for line in prep.notes:  # every check has passed: say what this run is
         logging.info("%s", line)

@@ -73,6 +73,8 @@ CASES = [
     (MAIN, ["--config.algorithm=fedavgg"], ["algorithm", "did you mean 'fedavg'"]),
     (MAIN, ["--config.model=resnet1000"], ["model", "'resnet9'"]),
     (MAIN, ["--config.model=cnn", "--config.model_kwargs.hidden=(8,)"], ["model_kwargs.hidden", "channels"]),
+    (MAIN, ["--config.init_params=/nonexistent_pfljax.npz"], ["init_params", ".npz", "nonexistent_pfljax"]),
+    (MAIN, ["--config.init_params={file}"], ["init_params", "cannot read a .npz"]),
     # Data fields.
     (MAIN, ["--config.partition=random"], ["partition", "'dirichlet'"]),
     (MAIN, ["--config.partition=dirichlet"], ["partition", "'iid'", "per client"]),
@@ -350,3 +352,21 @@ def test_out_of_device_memory_is_one_line_and_exit_4(tmp_path, capsys):
     assert kept.read_text() == '{"round": 1}\n'  # what was written stays
     with pytest.raises(jax.errors.JaxRuntimeError), out_of_memory_exits(str(tmp_path)):
         raise jax.errors.JaxRuntimeError("INTERNAL: some other failure")  # not memory: a bug, as before
+
+
+EXPERIMENT_BINARIES = sorted(
+    f"experiments.{name[:-3]}"
+    for name in os.listdir(os.path.join(ROOT, "experiments"))
+    if name.endswith(".py") and "app.run(" in open(os.path.join(ROOT, "experiments", name)).read()
+)
+
+
+def test_every_experiment_binary_refuses_a_bad_flag_in_one_line_with_exit_2():
+    cases = [{"module": m, "args": ["--no_such_flag_pfljax=1"], "cwd": ROOT} for m in EXPERIMENT_BINARIES]
+    cases.append({"module": "experiments.bench_vs_torch", "args": ["--conv_impl=nosuch"], "cwd": ROOT})
+    assert len(EXPERIMENT_BINARIES) >= 20
+    for case, res in zip(cases, fork_runs(cases)):
+        lines = res["stderr"].strip().splitlines()
+        context = f"{case}\nstderr: {res['stderr'][-1500:]}"
+        assert res["rc"] == 2 and len(lines) == 1 and lines[0].startswith("error: "), context
+        assert case["args"][0].split("=")[0].lstrip("-") in lines[0], context
