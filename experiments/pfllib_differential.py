@@ -46,8 +46,9 @@ _PNG = flags.DEFINE_string("png", "", "write the curves here")
 
 
 def parse_pfllib_log(path: str) -> dict:
-    """{"global": [acc per evaluation], "personal": [...], "seconds": [Budget per round]}."""
-    out: dict[str, list[float]] = {"global": [], "personal": [], "seconds": []}
+    """{"global": [acc per evaluation], "personal": [...], "seconds": [Budget per round],
+    "train_loss": [the evaluated models' loss on every client's train rows]}."""
+    out: dict[str, list[float]] = {"global": [], "personal": [], "seconds": [], "train_loss": []}
     kind = "global"
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -57,6 +58,8 @@ def parse_pfllib_log(path: str) -> dict:
                 kind = "personal"
             elif m := re.match(r"Averaged Test Accuracy: ([0-9.]+)", line):
                 out[kind].append(float(m.group(1)))
+            elif m := re.match(r"Averaged Train Loss: ([0-9.]+)", line):
+                out["train_loss"].append(float(m.group(1)))
             elif m := re.search(r"time cost -+ ([0-9.]+)", line):
                 out["seconds"].append(float(m.group(1)))
     return out
@@ -86,6 +89,7 @@ def pfljax_runs(workdir: str, algorithm: str, seeds: list[str]) -> list[dict]:
             {
                 "seed": s,
                 "acc": [r["mean_accuracy"] for r in rows],
+                "loss": [r["mean_loss"] for r in rows],
                 "rounds": [r["round"] for r in rows],
                 "seconds": [r["seconds"] for r in rows],
             }
@@ -110,18 +114,47 @@ def spread_units(a, b) -> float:
     return float((b.mean() - a.mean()) / pooled) if pooled > 0 else float("nan")
 
 
-def sides(method: str) -> dict[str, np.ndarray]:
-    """{"PFLlib": seeds x (R+1) (evaluation 0..R), label: seeds x R (rounds 1..R)}."""
+def sides(method: str, loss: bool = False) -> dict[str, np.ndarray]:
+    """{"PFLlib": seeds x (R+1) (evaluation 0..R), label: seeds x R (rounds 1..R)} of the
+    accuracy, or with `loss` of the loss (PFLlib: train rows, pfljax: test rows)."""
     out = {}
     runs = pfllib_runs(_LOGS.value, method, _SEEDS.value)
     if runs:
-        out["PFLlib"] = curve_matrix([r[CURVE[method]] for r in runs])
+        out["PFLlib"] = curve_matrix([r["train_loss" if loss else CURVE[method]] for r in runs])
     for spec in _PFLJAX.value:
         label, workdir = spec.split("=", 1)
         jr = pfljax_runs(workdir, METHODS[method], _SEEDS.value)
         if jr:
-            out[f"pfljax ({label})"] = curve_matrix([r["acc"] for r in jr])
+            out[f"pfljax ({label})"] = curve_matrix([r["loss" if loss else "acc"] for r in jr])
     return out
+
+
+def round_table(method: str, loss: bool = False) -> list[str]:
+    """Per round: each side's mean +- sd over seeds, and pfljax - PFLlib in seed-spread units
+    (loss: PFLlib prints one train loss per evaluation for FedAvg and FedPer, two for Ditto)."""
+    data = sides(method, loss)
+    ref = data.pop("PFLlib", None)
+    if ref is None or not data:
+        return []
+    what = "loss (PFLlib: train rows, pfljax: test rows)" if loss else "mean test accuracy (%)"
+    labels = list(data)
+    lines = [
+        f"| {method}: {what} after round | PFLlib | " + " | ".join(f"{k} | units" for k in labels) + " |",
+        "| --- | --- |" + " --- | --- |" * len(labels),
+    ]
+    scale, digits = (1, 3) if loss else (100, 2)
+    for r in range(1, ref.shape[1]):
+        cells = [f"{scale * ref[:, r].mean():.{digits}f} +- {scale * ref[:, r].std():.{digits}f}"]
+        for k in labels:
+            m = data[k]
+            if r > m.shape[1]:
+                cells += ["", ""]
+                continue
+            x = m[:, r - 1]
+            cells += [f"{scale * x.mean():.{digits}f} +- {scale * x.std():.{digits}f}"]
+            cells += [f"{spread_units(ref[:, r], x):+.2f}"]
+        lines.append(f"| {r} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def best_table() -> list[str]:
@@ -196,8 +229,9 @@ def plot(path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-    fig, axes = plt.subplots(1, len(METHODS), figsize=(4.2 * len(METHODS), 3.8))
-    for ax, method in zip(axes, METHODS):
+    methods = [m for m in METHODS if sides(m)]
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods) + 2, 3.8), squeeze=False)
+    for ax, method in zip(axes[0], methods):
         data, rounds = sides(method), 1
         for j, (label, m) in enumerate(data.items()):
             m = m[:, 1:] if label == "PFLlib" else m  # PFLlib's evaluation 0: the untrained model
@@ -208,7 +242,7 @@ def plot(path: str) -> None:
                 ax.plot(x, 100 * seed, ls="none", marker=".", color=line[0].get_color(), alpha=0.6)
         ax.set_title(f"{method} ({CURVE[method]} models)")
         ax.set_xlabel("updates (PFLlib evaluation r = pfljax round r)")
-        ax.set_xticks(range(1, rounds + 1))
+        ax.set_xticks(range(1, rounds + 1, max(1, rounds // 10)))
         ax.set_xlim(0.6, rounds + 0.4)
         ax.set_ylabel("mean test accuracy (%)")
         ax.grid(alpha=0.3)
@@ -225,6 +259,8 @@ def main(argv):
         ("curves", curve_table()),
         ("ditto", ditto_global_table()),
         ("seconds", seconds_table()),
+        *((f"rounds {m}", round_table(m)) for m in METHODS),
+        *((f"loss {m}", round_table(m, loss=True)) for m in ("FedAvg", "FedPer")),  # Ditto prints two
     ):
         print(f"\n<!-- {title} -->")
         print("\n".join(lines))

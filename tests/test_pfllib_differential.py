@@ -1,0 +1,48 @@
+"""experiments/pfllib_differential.py on a synthetic PFLlib log and pfljax workdir: the
+per-round table pairs PFLlib's evaluation r with pfljax's round r and gives the
+difference in seed-spread units."""
+
+import json
+import subprocess
+import sys
+
+from tests.experiment.tiny import ROOT, binary_env
+
+ROUND = """-------------Round number: {r}-------------
+
+Evaluate global model
+Averaged Train Loss: {loss}
+Averaged Test Accuracy: {acc}
+Averaged Test AUC: 0.6487
+------------------------- time cost ------------------------- 10.5
+"""
+
+
+def test_round_table_pairs_pfllib_evaluation_r_with_pfljax_round_r(tmp_path):
+    logs, work = tmp_path / "logs", tmp_path / "pfljax"
+    logs.mkdir()
+    pfllib = {0: [0.1, 0.3, 0.5], 1: [0.1, 0.5, 0.7]}  # evaluations 0, 1, 2
+    for s, accs in pfllib.items():
+        text = "".join(ROUND.format(r=r, loss=2.0 - r / 10, acc=a) for r, a in enumerate(accs))
+        (logs / f"pfllib_FedAvg_seed{s}.log").write_text(text + "Average time cost: 31.5s.\n")
+    for s, accs in {0: [0.4, 0.6], 1: [0.4, 0.6]}.items():  # rounds 1, 2
+        d = work / "fedavg" / f"seed_{s}"
+        d.mkdir(parents=True)
+        rows = [
+            {"round": r + 1, "mean_accuracy": a, "mean_loss": 1.9, "seconds": 2.0} for r, a in enumerate(accs)
+        ]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.pfllib_differential", f"--pfllib_logs={logs}",
+         f"--pfljax=mine={work}", "--seeds=0,1"],  # fmt: skip
+        capture_output=True, text=True, cwd=ROOT, env=binary_env(), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    # Round 1: PFLlib 40 +- 10, pfljax 40 +- 0 -> 0 units; round 2: 60 +- 10 vs 60 +- 0.
+    assert "| 1 | 40.00 +- 10.00 | 40.00 +- 0.00 | +0.00 |" in out, out
+    assert "| 2 | 60.00 +- 10.00 | 60.00 +- 0.00 | +0.00 |" in out, out
+    # Loss: PFLlib's train loss after round 1 is 1.9 on both seeds, pfljax's 1.9: no spread.
+    assert "| 1 | 1.900 +- 0.000 | 1.900 +- 0.000 | +nan |" in out, out
+    # Best over rounds 1..2: PFLlib 60 +- 10 (0.5 and 0.7), pfljax 60 +- 0.
+    assert "| FedAvg | PFLlib | 2 | 2 | 40.00 +- 10.00 | 60.00 +- 10.00 |  |" in out, out
