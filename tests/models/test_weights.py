@@ -148,3 +148,31 @@ def test_a_file_of_another_model_is_a_config_error(tmp_path):
     config.init_params = path
     with pytest.raises(ConfigError, match="config.init_params: .*has shape"):
         prepare(config)
+
+
+def test_a_run_from_the_file_of_its_own_initialisation_is_the_same_run(tmp_path):
+    # FedAvg's init draws the model from split(key(seed))[0]: saving that draw and starting from
+    # it must give the same metrics, through train_and_evaluate and through the replicas program.
+    from pfljax.experiment.sweep import train_replicas  # pylint: disable=import-outside-toplevel
+    from pfljax.experiment.train import train_and_evaluate  # pylint: disable=import-outside-toplevel
+
+    config = tiny_config(base_config(), rounds=2)
+    model = prepare(config).model
+    path = str(tmp_path / "own.npz")
+    save_variables(path, jax.device_get(model.init(jax.random.split(jax.random.key(0))[0])))
+    plain = train_and_evaluate(config, str(tmp_path / "plain"), progress=False)
+    config.init_params = path
+    started = train_and_evaluate(config, str(tmp_path / "file"), progress=False)
+    assert plain["final_mean_accuracy"] == started["final_mean_accuracy"]
+    assert plain["final_mean_loss"] == started["final_mean_loss"]
+    (rep,) = train_replicas([config], [str(tmp_path / "rep")], checkpoint_dir=str(tmp_path / "ck"))
+    assert rep["final_mean_loss"] == pytest.approx(plain["final_mean_loss"], rel=1e-5)
+    # Half those weights: both paths read the file (another start, another loss).
+    save_variables(
+        path,
+        jax.tree.map(lambda v: 0.5 * v, jax.device_get(model.init(jax.random.split(jax.random.key(0))[0]))),
+    )
+    halved = train_and_evaluate(config, str(tmp_path / "half"), progress=False)
+    (rep,) = train_replicas([config], [str(tmp_path / "rep_half")], checkpoint_dir=str(tmp_path / "ck_half"))
+    assert abs(halved["final_mean_loss"] - plain["final_mean_loss"]) > 1e-4
+    assert rep["final_mean_loss"] == pytest.approx(halved["final_mean_loss"], rel=1e-5)

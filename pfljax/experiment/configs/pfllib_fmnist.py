@@ -60,7 +60,9 @@ Where pfljax differs, and why:
   instead of torch's; the models of Factorized-FL and pFedPara keep their own
   initialisation (the option is dropped for them, with a note). flax's default
   (LeCun-normal kernels, sqrt(3) times wider, zero biases) learned faster than PFLlib in the
-  first rounds (experiments/results/pfllib_differential.md);
+  first rounds (experiments/results/pfllib_differential.md). PFLlib's very weights:
+  `--config.init_params=` a .npz of its FedAvgCNN's state_dict after `torch.manual_seed(s)`
+  (pfljax.models.weights; every pfljax seed then starts from them);
 - evaluation time: PFLlib evaluates the models sent to clients at the start of
   rounds 0..2000 (round 0 is the untrained model, the last round's update is never
   evaluated); pfljax evaluates after each round's update, rounds 1..R. For the
