@@ -43,6 +43,7 @@ _LOGS = flags.DEFINE_string("pfllib_logs", "/work/pfllib_run/logs", "directory o
 _PFLJAX = flags.DEFINE_multi_string("pfljax", [], "LABEL=compare workdir (repeatable)")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds of both sides")
 _PNG = flags.DEFINE_string("png", "", "write the curves here")
+_PARTIAL = flags.DEFINE_bool("partial", False, "also read unfinished PFLlib runs (cut to the shortest)")
 
 
 def parse_pfllib_log(path: str) -> dict:
@@ -69,7 +70,9 @@ def pfllib_runs(logs: str, method: str, seeds: list[str]) -> list[dict]:
     runs = []
     for s in seeds:
         path = os.path.join(logs, f"pfllib_{method}_seed{s}.log")
-        if os.path.exists(path) and "Average time cost:" in open(path, encoding="utf-8").read():  # finished
+        if not os.path.exists(path):
+            continue
+        if _PARTIAL.value or "Average time cost:" in open(path, encoding="utf-8").read():  # finished
             runs.append({"seed": s, **parse_pfllib_log(path)})
     return runs
 
