@@ -250,7 +250,8 @@ def plot(path: str) -> None:
         ax.set_ylabel("mean test accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("PFLlib vs pfljax, Fashion-MNIST Dir(0.1), 20 clients:\nmean +- sd (dots: each seed)", fontsize=10)
+    title = "PFLlib vs pfljax, Fashion-MNIST Dir(0.1), 20 clients:\nmean +- sd (dots: each seed)"
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
