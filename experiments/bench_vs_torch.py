@@ -58,6 +58,7 @@ from pfljax.data.federated import pad_clients
 from pfljax.data.partition import dirichlet
 from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
+from pfljax.models.weights import layer_order
 
 FLAGS = flags.FLAGS
 # rows: per client (one epoch = rows / batch steps). Sizes are kept small enough
@@ -358,7 +359,7 @@ def flax_to_torch_state(params: dict, module) -> dict:
     if "embedding" in params:
         return flax_lstm_to_torch_state(params, module)
 
-    layers = [v for _, v in sorted(params.items(), key=lambda kv: _layer_key(kv[0]))]
+    layers = [v for _, v in sorted(params.items(), key=lambda kv: layer_order(kv[0]))]
     targets = [m for m in module.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)]
     if len(layers) != len(targets):
         raise ValueError(f"{len(layers)} flax layers for {len(targets)} torch layers")
@@ -371,12 +372,6 @@ def flax_to_torch_state(params: dict, module) -> dict:
         if "bias" in leaf:
             state[names[id(m)] + ".bias"] = torch.tensor(np.asarray(leaf["bias"]))
     return state
-
-
-def _layer_key(name: str):
-    order = {"conv": 0, "hidden": 1, "dense": 1, "head": 2}
-    kind, _, idx = name.partition("_")
-    return order[kind], int(idx or 0)
 
 
 def torch_inputs(x: np.ndarray):

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
+from pfljax.core.params import flat
 from pfljax.models.base import Model, Variables
 
 LAYER_KINDS = {"conv": 0, "hidden": 1, "dense": 1, "head": 2}
@@ -38,11 +39,7 @@ def layer_order(name: str) -> tuple[int, int]:
 
 def save_variables(path: str, variables: Variables) -> None:
     """Writes `variables` to `path` (.npz) in the flax layout `load_variables` reads."""
-    flat = {
-        "/".join(str(k.key) for k in p): np.asarray(v)
-        for p, v in jax.tree_util.tree_leaves_with_path(variables)
-    }
-    np.savez(path, **flat)
+    np.savez(path, **{k: np.asarray(v) for k, v in flat(variables).items()})
 
 
 def _unflatten(flat: Mapping[str, np.ndarray]) -> Variables:
@@ -89,9 +86,8 @@ def from_torch_state(state: Mapping[str, np.ndarray], template: Variables, input
             raise ValueError(
                 f"torch layer {module!r}: weight of rank {weight.ndim} (Conv2d or Linear expected)"
             )
-        kernel = (
-            weight.transpose(2, 3, 1, 0) if weight.ndim == 4 else weight.T
-        )  # [O, I, kh, kw] -> [kh, kw, I, O]
+        # conv [O, I, kh, kw] -> [kh, kw, I, O]; Linear [out, in] -> [in, out]
+        kernel = weight.transpose(2, 3, 1, 0) if weight.ndim == 4 else weight.T
         layer = {"kernel": kernel, **({"bias": tensors["bias"]} if "bias" in tensors else {})}
         for leaf, value in layer.items():
             if value.shape != tuple(want[leaf].shape):
@@ -117,18 +113,17 @@ def load_variables(path: str, model: Model) -> Variables:
     if not zipfile.is_zipfile(path):
         raise ValueError(f"cannot read a .npz from {path!r}: not a zip archive as np.savez writes")
     with np.load(path) as npz:
-        flat = {k: npz[k] for k in npz.files}
+        arrays = {k: npz[k] for k in npz.files}
     template = model.template()
-    if not flat:
+    if not arrays:
         raise ValueError(f"{path!r} holds no arrays")
-    if all("/" in k for k in flat):
-        variables = _unflatten(flat)
-    elif not any("/" in k for k in flat):
-        variables = from_torch_state(flat, template, model.input_shape)
+    if all("/" in k for k in arrays):
+        variables = _unflatten(arrays)
+    elif not any("/" in k for k in arrays):
+        variables = from_torch_state(arrays, template, model.input_shape)
     else:
         raise ValueError(f"{path!r} mixes flax ('a/b') and torch ('a.b') keys")
-    want = {"/".join(str(k.key) for k in p): t for p, t in jax.tree_util.tree_leaves_with_path(template)}
-    got = {"/".join(str(k.key) for k in p): v for p, v in jax.tree_util.tree_leaves_with_path(variables)}
+    want, got = flat(template), flat(variables)
     if set(want) != set(got):
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         raise ValueError(
