@@ -52,7 +52,9 @@ class Replicas(NamedTuple):
 
     Attributes:
       count: R.
-      init: (keys [R], params_template, num_clients) -> stacked state (leaves [R, ...]).
+      init: (keys [R], params_template, num_clients, per_replica=False) -> stacked state
+        (leaves [R, ...]); `per_replica`: the template's leaves have a leading R axis (each
+        replica its own starting variables), else one template serves every replica.
       round: (states, data, keys [R]) -> (states, metrics with a leading R axis).
         Jittable; the data are shared (in_axes None).
       evaluate: (states, data, keys [R]) -> per-client dict of [R, C] arrays.
@@ -107,8 +109,9 @@ def replicate(alg: Algorithm, count: int, strategy: str = "vmap") -> Replicas:
     _check_count(count)
     resolve_strategy(strategy)
 
-    def init(keys, params_template=None, num_clients=1):
-        return jax.vmap(lambda k: alg.init(k, params_template, num_clients))(keys)
+    def init(keys, params_template=None, num_clients=1, per_replica=False):
+        axis = 0 if per_replica else None
+        return jax.vmap(lambda k, p: alg.init(k, p, num_clients), in_axes=(0, axis))(keys, params_template)
 
     if resolve_strategy(strategy) == "vmap":
         round_fn = jax.vmap(alg.round, in_axes=(0, None, 0))
@@ -156,8 +159,11 @@ def replicate_grid(
     hypers, count = grid_values(values)
     resolve_strategy(strategy)
 
-    def init(keys, params_template=None, num_clients=1):
-        return jax.vmap(lambda k, h: build(**h).init(k, params_template, num_clients))(keys, hypers)
+    def init(keys, params_template=None, num_clients=1, per_replica=False):
+        axis = 0 if per_replica else None
+        return jax.vmap(lambda k, h, p: build(**h).init(k, p, num_clients), in_axes=(0, 0, axis))(
+            keys, hypers, params_template
+        )
 
     def round_fn(states, data, keys):
         return _over_replicas(lambda s, k, h: build(**h).round(s, data, k), strategy)(states, keys, hypers)

@@ -335,8 +335,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Model (pfljax.models.build_model); model_kwargs go to the flax module.
     config.model = "mlp"
     config.model_kwargs = ml_collections.ConfigDict({"hidden": (200,)})
-    # .npz of starting weights for every seed and client (pfljax.models.weights: flax layout or a
-    # torch state_dict, e.g. another library's initial model); "": the model's own initialisation.
+    # .npz of starting weights for every client (pfljax.models.weights: flax layout or a torch
+    # state_dict, e.g. another library's initial model); "{seed}" in the path is replaced by the
+    # seed (one file per seed); "": the model's own initialisation.
     config.init_params = ""
     # Execution and outputs.
     config.client_map = "auto"
@@ -509,9 +510,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_source(config)
     _check_pfllib_mode(config)
     _check(
-        not config.init_params or os.path.isfile(config.init_params),
+        not config.init_params or os.path.isfile(init_params_path(config)),
         "init_params",
-        f"must be a .npz file's path ('': the model's own initialisation), got {config.init_params!r}",
+        "must be a .npz file's path ('{seed}' in it: the seed; '': the model's own initialisation), "
+        f"got {init_params_path(config)!r}",
     )
     for field, allowed in choices().items():
         _one_of(config, field, allowed)
@@ -818,12 +820,17 @@ def make_model(config, fed_data: FederatedData) -> Model:
     return model
 
 
+def init_params_path(config) -> str:
+    """config.init_params with "{seed}" replaced by config.seed ("" when unset)."""
+    return config.init_params.replace("{seed}", str(config.seed))
+
+
 def load_initial_params(config, model: Model):
     """config.init_params' variables for `model` (None when unset); ConfigError if they do not fit."""
     if not config.init_params:
         return None
     try:
-        return load_variables(config.init_params, model)
+        return load_variables(init_params_path(config), model)
     except ValueError as e:
         raise ConfigError(f"config.init_params: {_one_line(e)}") from None
 
@@ -935,7 +942,8 @@ def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
     )
     notes = (data_note(config), *notes)
     if initial is not None:
-        notes = (*notes, f"starting weights: {config.init_params} (every seed and client)")
+        shared = "every client" if "{seed}" in config.init_params else "every seed and client"
+        notes = (*notes, f"starting weights: {init_params_path(config)} ({shared})")
     warnings = tuple(data_warnings(config, fed_data))
     return Prepared(fed_data, model, algorithm, mesh, config, notes, warnings, initial)
 

@@ -298,7 +298,9 @@ def _run(preps, workdirs, reps, ckpts, t_start):
     plains = [to_plain(c) for c in configs]
     keys = [jax.random.split(jax.random.key(c.seed)) for c in configs]
     init_keys, run_keys = jnp.stack([k[0] for k in keys]), jnp.stack([k[1] for k in keys])
-    template = jax.device_get(jax.jit(lambda k, p: reps.init(k, p, num))(init_keys, prep.initial_params))
+    per_seed = "{seed}" in config.init_params  # each replica's own starting weights
+    params = R.stack([p.initial_params for p in preps]) if per_seed else prep.initial_params
+    template = jax.device_get(jax.jit(lambda k, p: reps.init(k, p, num, per_seed))(init_keys, params))
     start, states, hosts = _restore(ckpts, configs, plains, workdirs, template)
     for line in prep.notes:
         logging.info("%s", line)

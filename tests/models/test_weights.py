@@ -176,3 +176,35 @@ def test_a_run_from_the_file_of_its_own_initialisation_is_the_same_run(tmp_path)
     (rep,) = train_replicas([config], [str(tmp_path / "rep_half")], checkpoint_dir=str(tmp_path / "ck_half"))
     assert abs(halved["final_mean_loss"] - plain["final_mean_loss"]) > 1e-4
     assert rep["final_mean_loss"] == pytest.approx(halved["final_mean_loss"], rel=1e-5)
+
+
+def test_seed_in_the_path_gives_each_seed_its_own_file_alone_and_as_replicas(tmp_path):
+    # Files start_0 / start_1 hold the draws of seeds 1 / 0 (swapped, so that the file, not the
+    # seed's own draw, decides): replica r of the "{seed}" program is the single run of seed r
+    # from its file, and the two replicas differ.
+    from pfljax.experiment.sweep import train_replicas  # pylint: disable=import-outside-toplevel
+    from pfljax.experiment.train import train_and_evaluate  # pylint: disable=import-outside-toplevel
+
+    config = tiny_config(base_config(), rounds=2)
+    model = prepare(config).model
+    for seed, other in ((0, 1), (1, 0)):
+        draw = jax.device_get(model.init(jax.random.split(jax.random.key(other))[0]))
+        save_variables(str(tmp_path / f"start_{seed}.npz"), draw)
+    singles, configs = [], []
+    for seed in (0, 1):
+        c = tiny_config(base_config(), rounds=2)
+        c.seed, c.data_seed, c.init_params = seed, 0, str(tmp_path / f"start_{seed}.npz")
+        singles.append(train_and_evaluate(c, str(tmp_path / f"single{seed}"), progress=False))
+        c = tiny_config(base_config(), rounds=2)
+        c.seed, c.data_seed, c.init_params = seed, 0, str(tmp_path / "start_{seed}.npz")
+        configs.append(c)
+    assert "start_1.npz (every client)" in " ".join(prepare(configs[1]).notes)
+    reps = train_replicas(
+        configs, [str(tmp_path / f"rep{s}") for s in (0, 1)], checkpoint_dir=str(tmp_path / "ck")
+    )
+    for rep, single in zip(reps, singles):
+        assert rep["final_mean_loss"] == pytest.approx(single["final_mean_loss"], rel=1e-5)
+    assert abs(singles[0]["final_mean_loss"] - singles[1]["final_mean_loss"]) > 1e-4
+    configs[1].seed = 3
+    with pytest.raises(ConfigError, match=r"init_params.*start_3\.npz"):
+        prepare(configs[1])

@@ -62,7 +62,8 @@ Where pfljax differs, and why:
   (LeCun-normal kernels, sqrt(3) times wider, zero biases) learned faster than PFLlib in the
   first rounds (experiments/results/pfllib_differential.md). PFLlib's very weights:
   `--config.init_params=` a .npz of its FedAvgCNN's state_dict after `torch.manual_seed(s)`
-  (pfljax.models.weights; every pfljax seed then starts from them);
+  (pfljax.models.weights; every pfljax seed then starts from them; `seed{seed}.npz` in the
+  path: each seed from its own file);
 - evaluation time: PFLlib evaluates the models sent to clients at the start of
   rounds 0..2000 (round 0 is the untrained model, the last round's update is never
   evaluated); pfljax evaluates after each round's update, rounds 1..R. For the
