@@ -825,6 +825,13 @@ def init_params_path(config) -> str:
     return config.init_params.replace("{seed}", str(config.seed))
 
 
+def _starting_weights_note(config) -> str:
+    if "{seed}" not in config.init_params:
+        return f"starting weights: {config.init_params} (every seed and client)"
+    own = f"seed {config.seed}: {init_params_path(config)}"
+    return f"starting weights: {config.init_params}, each seed its own file ({own})"
+
+
 def load_initial_params(config, model: Model):
     """config.init_params' variables for `model` (None when unset); ConfigError if they do not fit."""
     if not config.init_params:
@@ -942,8 +949,7 @@ def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
     )
     notes = (data_note(config), *notes)
     if initial is not None:
-        shared = "every client" if "{seed}" in config.init_params else "every seed and client"
-        notes = (*notes, f"starting weights: {init_params_path(config)} ({shared})")
+        notes = (*notes, _starting_weights_note(config))
     warnings = tuple(data_warnings(config, fed_data))
     return Prepared(fed_data, model, algorithm, mesh, config, notes, warnings, initial)
 

@@ -198,7 +198,7 @@ def test_seed_in_the_path_gives_each_seed_its_own_file_alone_and_as_replicas(tmp
         c = tiny_config(base_config(), rounds=2)
         c.seed, c.data_seed, c.init_params = seed, 0, str(tmp_path / "start_{seed}.npz")
         configs.append(c)
-    assert "start_1.npz (every client)" in " ".join(prepare(configs[1]).notes)
+    assert "each seed its own file (seed 1: " in " ".join(prepare(configs[1]).notes)
     reps = train_replicas(
         configs, [str(tmp_path / f"rep{s}") for s in (0, 1)], checkpoint_dir=str(tmp_path / "ck")
     )
