@@ -2,7 +2,7 @@
 
     python -m experiments.bench_vs_torch [--cases=cnn,mlp,fedavgcnn,refcnn,resnet9,lstm]
         [--clients=10,100] [--split=equal|dirichlet|both] [--rows=0] [--epochs=1]
-        [--repeats=3] [--torch_threads=0]
+        [--repeats=3] [--torch_threads=0] [--devices=1[,2]]
 
 Needs PyTorch (`pip install -e .[bench]`); pfljax itself never imports it.
 
@@ -11,7 +11,11 @@ same process, interleaved (pfljax, torch, pfljax, torch, ...), after one
 untimed warm-up round each (pfljax's includes compilation):
 
 - pfljax: `fedavg.build(...).round` jitted, every client's E local epochs in one
-  XLA program (clients mapped by the library's "auto" strategy);
+  XLA program (clients mapped by the library's "auto" strategy); with
+  `--devices=D` on CPU, D host devices are forced (`jax_num_cpu_devices`, the
+  binaries' `--cpu_devices`) and the clients sharded over them as the binaries do
+  (`pfljax.sharding.ShardedMap`, `shard_algorithm`): D clients at a time, one per core
+  (`--devices=1,2`: a row for each in the same process, the largest count forced);
 - torch: what FL-bench and PFLlib do: for each client in turn, load the global
   weights into the model, make a fresh `torch.optim.SGD`, run E epochs over the
   client's own `DataLoader(TensorDataset, batch_size=B, shuffle=True)`, keep a
@@ -59,6 +63,7 @@ from pfljax.data.partition import dirichlet
 from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
 from pfljax.models.weights import layer_order
+from pfljax.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
 
 FLAGS = flags.FLAGS
 # rows: per client (one epoch = rows / batch steps). Sizes are kept small enough
@@ -481,6 +486,19 @@ def client_sizes(
     return [len(p) for p in parts]
 
 
+def pfljax_round(model, local: LocalTraining, data: ClientData, num_clients: int, devices: int):
+    """(jitted FedAvg round, initial state, data), the clients sharded over the first
+    `devices` devices as the binaries shard them when `devices` > 1."""
+    if devices == 1:
+        alg = fedavg.build(model, local)
+        return jax.jit(alg.round), alg.init(jax.random.key(0), None, num_clients), data
+    mesh = client_mesh(devices)
+    alg = fedavg.build(model, local, client_map=ShardedMap(mesh))
+    run = shard_algorithm(alg, mesh, num_clients)
+    state = run.place_state(alg.init(jax.random.key(0), None, num_clients))
+    return jax.jit(run.round), state, run.place_data(data)
+
+
 class Options(NamedTuple):
     """run_case's settings (the binary's flags of the same names; rows 0: the case's own)."""
 
@@ -492,7 +510,9 @@ class Options(NamedTuple):
     conv_impl: str = "auto"  # pfljax's convolution (pfljax.models.conv.IMPLS) in the conv cases
 
 
-def run_case(name: str, num_clients: int, split: str, peaks: dict, opts: Options | None = None) -> dict:
+def run_case(
+    name: str, num_clients: int, split: str, peaks: dict, opts: Options | None = None, devices: int = 1
+) -> dict:
     import torch
 
     opts = opts or Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha, FLAGS.conv_impl)
@@ -507,9 +527,7 @@ def run_case(name: str, num_clients: int, split: str, peaks: dict, opts: Options
     local = LocalTraining(optax.sgd(opts.lr), batch_size=spec["batch"], epochs=opts.epochs, loss=loss)
     arrays = pad_clients(xs, ys)
     data = ClientData(arrays, arrays)
-    alg = fedavg.build(model, local)
-    state = alg.init(jax.random.key(0), None, num_clients)
-    rnd = jax.jit(alg.round)
+    rnd, state, data = pfljax_round(model, local, data, num_clients, devices)
 
     torch.manual_seed(0)
     tmodel = torch_model(name, spec).to(torch_device())
@@ -544,6 +562,7 @@ def run_case(name: str, num_clients: int, split: str, peaks: dict, opts: Options
     return {
         "case": name,
         "conv_impl": conv.get("conv_impl"),
+        "devices": devices,
         "clients": num_clients,
         "split": split if split == "equal" else f"dirichlet{opts.alpha}",
         "rows_min_max": [min(sizes), max(sizes)],
@@ -576,6 +595,12 @@ def main(argv):
         raise app.UsageError(f"--torch_threads must be >= 0, got {FLAGS.torch_threads}")
     if FLAGS.torch_threads:
         torch.set_num_threads(FLAGS.torch_threads)
+    devices = [int(d) for d in FLAGS.devices if d.isdigit() and int(d) >= 1]
+    if len(devices) != len(FLAGS.devices):
+        raise app.UsageError(f"--devices must be a list of integers >= 1, got {','.join(FLAGS.devices)}")
+    use_cpu_devices(max(devices))  # before JAX runs anything; only the CPU backend's count
+    if max(devices) > jax.device_count():
+        raise app.UsageError(f"--devices must be at most {jax.device_count()} here, got {max(devices)}")
     for name in FLAGS.cases:
         if name not in CASES:
             raise app.UsageError(f"--cases must be among {sorted(CASES)}, got {name!r}")
@@ -586,6 +611,7 @@ def main(argv):
                 "machine": {
                     "backend": jax.default_backend(),
                     "devices": str(jax.devices()[0]),
+                    "device_count": jax.device_count(),
                     "cpu_count": os.cpu_count(),
                     "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads(),
@@ -603,7 +629,8 @@ def main(argv):
     for name in FLAGS.cases:
         for split in splits:
             for c in FLAGS.clients:
-                print(json.dumps(run_case(name, int(c), split, peaks)), flush=True)
+                for d in devices:
+                    print(json.dumps(run_case(name, int(c), split, peaks, devices=d)), flush=True)
 
 
 def define_flags():
@@ -618,6 +645,9 @@ def define_flags():
     flags.DEFINE_float("lr", 0.01, "SGD learning rate")
     flags.DEFINE_float("alpha", 0.1, "Dirichlet concentration of --split=dirichlet")
     flags.DEFINE_enum("conv_impl", "auto", ["auto", "im2col", "native"], "pfljax's convolution (conv cases)")
+    flags.DEFINE_list(
+        "devices", ["1"], "pfljax: shard the clients over D devices, a row per D (CPU: host devices forced)"
+    )
     flags.DEFINE_integer(
         "torch_threads",
         0,

@@ -60,6 +60,19 @@ PyTree = Any
 AXIS = "clients"
 
 
+def use_cpu_devices(count: int) -> None:
+    """Makes JAX's CPU backend expose `count` host devices (`jax_num_cpu_devices`), so
+    that sharding the clients over them runs `count` clients side by side, one per core.
+    Call it before JAX runs anything (a binary's first step); 1 leaves JAX's default.
+    ValueError when JAX's backends are already up with another count."""
+    if count == 1:
+        return
+    try:
+        jax.config.update("jax_num_cpu_devices", int(count))
+    except RuntimeError as e:
+        raise ValueError(f"CPU devices can only be set before JAX runs anything ({e})") from None
+
+
 def client_mesh(num_devices: int = 0, devices=None) -> Mesh:
     """A 1-D Mesh with axis 'clients' over `devices` (default: all of jax.devices()).
 

@@ -25,6 +25,7 @@ from pfljax.sharding import (
     shard_algorithm,
     state_shardings,
     unpad_rows,
+    use_cpu_devices,
 )
 from tests.toydata import toy_data, toy_pool_data
 
@@ -125,3 +126,13 @@ def test_four_devices_equal_one_device():
         assert strings(a) == strings(b)
         numeric = lambda t: jax.tree.map(lambda v: None if isinstance(v, str) else v, t)  # noqa: E731
         chex.assert_trees_all_close(numeric(a), numeric(b), rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_devices_can_only_be_set_before_jax_runs():
+    """`use_cpu_devices` (the binaries' --cpu_devices) is a no-op for 1 and one clear error once
+    JAX's backends are up (the tests' process has run JAX by now); the forced devices
+    themselves are exercised by tests/experiment/test_multiprocess.py's reference run."""
+    jax.devices()
+    use_cpu_devices(1)
+    with pytest.raises(ValueError, match="CPU devices can only be set before JAX runs anything"):
+        use_cpu_devices(2)

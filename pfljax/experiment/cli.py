@@ -277,11 +277,13 @@ class Distributed(NamedTuple):
     num_processes: int | None = None
     process_id: int | None = None
     initialization_timeout: int = DEFAULT_INIT_TIMEOUT
+    cpu_devices: int = 1
 
 
 def define_distributed_flags() -> Callable[[], Distributed]:
-    """The binaries' multi-process flags; returns a function giving their values after parsing.
-    Any of --coordinator_address, --num_processes, --process_id implies --distributed."""
+    """The binaries' device flags (multi-process, forced CPU devices); returns a function giving
+    their values after parsing. Any of --coordinator_address, --num_processes, --process_id
+    implies --distributed."""
     enabled = flags.DEFINE_bool(
         "distributed",
         False,
@@ -302,10 +304,18 @@ def define_distributed_flags() -> Callable[[], Distributed]:
         DEFAULT_INIT_TIMEOUT,
         "seconds a process waits for the coordinator and the others to join",
     )
+    cpu_devices = flags.DEFINE_integer(
+        "cpu_devices",
+        1,
+        "CPU backend: expose this many host devices and shard the clients over them, N clients "
+        "side by side (one per core; faster for convnets with batches of 32, slower for small "
+        "models: BUILD.md 'Several devices')",
+    )
 
     def values() -> Distributed:
         given = (address.value, count.value, index.value)
-        return Distributed(enabled.value or any(v is not None for v in given), *given, timeout.value)
+        enabled_now = enabled.value or any(v is not None for v in given)
+        return Distributed(enabled_now, *given, timeout.value, cpu_devices.value)
 
     return values
 
@@ -415,12 +425,18 @@ def require_packages(modules: tuple[str, ...]) -> None:
 
 def start(argv: list[str], distributed: Distributed | None, needs: tuple[str, ...] = RUN_PACKAGES) -> None:
     """Common prologue of the binaries' `main`: no stray positional arguments, the
-    extra's packages `needs` importable, logging (our lines at INFO, orbax quiet),
-    multi-process initialization when asked (`define_distributed_flags`)."""
+    extra's packages `needs` importable, logging (our lines at INFO, orbax quiet), forced
+    CPU devices and multi-process initialization when asked (`define_distributed_flags`)."""
     if len(argv) > 1:
         fail(f"unexpected arguments: {' '.join(argv[1:])} (flags are --name=value)")
     require_packages(needs)
     setup_logging()
+    if distributed is not None and distributed.cpu_devices != 1:
+        if distributed.cpu_devices < 1:
+            fail(f"--cpu_devices must be an integer >= 1, got {distributed.cpu_devices}")
+        from pfljax.sharding import use_cpu_devices  # pylint: disable=import-outside-toplevel
+
+        use_cpu_devices(distributed.cpu_devices)
     if distributed is not None and distributed.enabled:
         initialize_distributed(distributed)
 

@@ -127,12 +127,13 @@ def assert_process_0_wrote(results: list[dict], workdir: str, reference: str) ->
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    """The single-process run with 2 devices of FedPer (the reference). FedAvg over 2
-    processes was checked equal too (bit for bit) when this was built; one method keeps
-    the test's process launches (and CI time) down."""
+    """The single-process run with 2 devices of FedPer (the reference), the devices forced by
+    the binary's own `--cpu_devices=2`. FedAvg over 2 processes was checked equal too (bit
+    for bit) when this was built; one method keeps the test's process launches (and CI time)
+    down."""
     root = tmp_path_factory.mktemp("single")
     names = ("fedper",)
-    run_ok([command([f"--config.algorithm={n}"], str(root / n)) for n in names], devices=2)
+    run_ok([command([f"--config.algorithm={n}", "--cpu_devices=2"], str(root / n)) for n in names])
     return {n: str(root / n) for n in names}
 
 
