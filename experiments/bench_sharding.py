@@ -2,9 +2,10 @@
 
     python -m experiments.bench_sharding [--devices=4] [--cases=cnn,mlp] [--json]
 
-On CPU it forces D host devices (XLA_FLAGS, set before JAX starts); on GPU/TPU
-it uses the first D devices. For the bench.py cases (random data of the right
-shapes, FedAvg, all clients) it prints seconds per round for:
+On CPU it forces D host devices (`pfljax.sharding.use_cpu_devices`, as the
+binaries' `--cpu_devices`); on GPU/TPU it uses the first D devices. For the
+bench.py cases (random data of the right shapes, FedAvg, all clients) it prints
+seconds per round for:
 
 - `1 device, <auto>`: the plain algorithm, no sharding (reference);
 - `D devices, sharded(<auto>)`: pfljax.sharding.ShardedMap, the binaries' choice
@@ -21,32 +22,17 @@ device; the CNN gains, the MLP loses (BUILD.md, "Several devices, several hosts"
 
 from __future__ import annotations
 
-import os
-import sys
+import json
+import time
 
+import jax
+from absl import app, flags
 
-def _devices_from_argv(default: int = 4) -> int:
-    for arg in sys.argv[1:]:
-        if arg.startswith("--devices="):
-            return int(arg.split("=", 1)[1])
-    return default
-
-
-if "jax" not in sys.modules and os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
-    flag = f"--xla_force_host_platform_device_count={_devices_from_argv()}"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-
-import json  # noqa: E402
-import time  # noqa: E402
-
-import jax  # noqa: E402
-from absl import app, flags  # noqa: E402
-
-from experiments import bench  # noqa: E402
-from pfljax.algorithms import fedavg  # noqa: E402
-from pfljax.core.clients import ClientMap  # noqa: E402
-from pfljax.experiment.cli import parse_flags  # noqa: E402
-from pfljax.sharding import ShardedMap, client_mesh, shard_algorithm  # noqa: E402
+from experiments import bench
+from pfljax.algorithms import fedavg
+from pfljax.core.clients import ClientMap
+from pfljax.experiment.cli import parse_flags
+from pfljax.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
 
 FLAGS = flags.FLAGS  # --cases, --repeats, --json come from experiments.bench
 flags.DEFINE_integer("devices", 4, "devices D the client axis is sharded over")
@@ -70,6 +56,7 @@ def time_round(run, alg, data, num, repeats: int, replicate: bool = False) -> fl
 
 def main(argv):
     del argv
+    use_cpu_devices(FLAGS.devices)  # before JAX runs anything; only the CPU backend's count
     auto = ClientMap().resolved()
     for name in FLAGS.cases:
         c, model, data, spec = bench.flag_case(name)
