@@ -919,13 +919,15 @@ class Prepared(NamedTuple):
     initial_params: Any = None  # config.init_params' variables (numpy), or None
 
 
-def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
+def prepare(config, fed_data: FederatedData | None = None, one_device: bool = False) -> Prepared:
     """Validates `config` and builds data, model, algorithm and mesh (ConfigError if invalid).
 
     Args:
       config: a ConfigDict with the fields of `base_config()`.
       fed_data: reuse these data instead of building them (e.g. several
         algorithms on the same partition).
+      one_device: a mesh of one device whatever `num_devices` says (a sweep's
+        replicas run as one program on one device).
 
     Returns:
       Prepared, whose `config` is the resolved config (`resolve`), `notes` the
@@ -943,7 +945,7 @@ def prepare(config, fed_data: FederatedData | None = None) -> Prepared:
             fed_data = make_data(config)
     model = make_model(config, fed_data)
     initial = load_initial_params(config, model)
-    mesh = client_mesh(1 if config.client_storage == "host" else config.num_devices)
+    mesh = client_mesh(1 if one_device or config.client_storage == "host" else config.num_devices)
     algorithm = make_algorithm(
         config, model, make_client_map(config, mesh if mesh.size > 1 else None), fed_data.task
     )

@@ -189,7 +189,9 @@ def train_replicas(
         raise ConfigError("give one workdir per config, at least one")
     for w in workdirs:
         check_workdir(w)
-    preps = [prepare(c, fed_data) for c in configs]  # validates every value concretely
+    # Validates every value concretely; the replicas run on one device even where several
+    # are visible (num_devices 0 = all, --cpu_devices).
+    preps = [prepare(c, fed_data, one_device=True) for c in configs]
     if any(p.config.client_storage == "host" for p in preps):
         raise ConfigError(
             "config.client_storage='host' runs one run at a time (its rounds move clients from host "

@@ -162,3 +162,17 @@ def test_unreachable_coordinator(tmp_path):
     assert line.startswith("error: --coordinator_address=127.0.0.1:") and f":{port}" in line, line
     assert "--initialization_timeout=3 s" in line, line
     assert time.perf_counter() - t0 < 60
+
+
+def test_vectorized_seeds_with_several_cpu_devices_run_on_one(tmp_path):
+    """`compare --vectorize` with `--cpu_devices=2` (num_devices 0: all visible) runs its
+    replicas on one device, with the numbers of the same sweep in a one-device process
+    (it crashed with a device-to-device transfer error before)."""
+    sweep = [sys.executable, "-m", "experiments.compare", *TINY_FLAGS, "--algorithms=fedavg"]
+    sweep += ["--seeds=0,1", "--vectorize", "--config.data_seed=0"]
+    two, one = str(tmp_path / "two"), str(tmp_path / "one")
+    run_ok([[*sweep, "--cpu_devices=2", f"--workdir={two}"], [*sweep, f"--workdir={one}"]])
+    for seed in (0, 1):
+        got, want = (summary(os.path.join(w, "fedavg", f"seed_{seed}")) for w in (two, one))
+        for key in ("final_mean_accuracy", "per_client_accuracy", "best_mean_accuracy"):
+            np.testing.assert_allclose(got[key], want[key], rtol=RTOL, err_msg=key)
