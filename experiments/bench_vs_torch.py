@@ -2,7 +2,7 @@
 
     python -m experiments.bench_vs_torch [--cases=cnn,mlp,fedavgcnn,refcnn,resnet9,lstm]
         [--clients=10,100] [--split=equal|dirichlet|both] [--rows=0] [--epochs=1]
-        [--repeats=3] [--torch_threads=0] [--devices=1[,2]]
+        [--repeats=3] [--torch_threads=0] [--devices=1[,2]] [--conv_impl=auto[,im2col,...]]
 
 Needs PyTorch (`pip install -e .[bench]`); pfljax itself never imports it.
 
@@ -16,6 +16,9 @@ untimed warm-up round each (pfljax's includes compilation):
   binaries' `--cpu_devices`) and the clients sharded over them as the binaries do
   (`pfljax.sharding.ShardedMap`, `shard_algorithm`): D clients at a time, one per core
   (`--devices=1,2`: a row for each in the same process, the largest count forced);
+  `--conv_impl=im2col,auto`: a row per convolution (pfljax.models.conv.IMPLS) in the
+  conv cases, their rounds interleaved with each other and the torch round (before/after
+  figures from one run, sharing one torch timing);
 - torch: what FL-bench and PFLlib do: for each client in turn, load the global
   weights into the model, make a fresh `torch.optim.SGD`, run E epochs over the
   client's own `DataLoader(TensorDataset, batch_size=B, shuffle=True)`, keep a
@@ -62,6 +65,7 @@ from pfljax.data.federated import pad_clients
 from pfljax.data.partition import dirichlet
 from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
+from pfljax.models.conv import IMPLS, resolve_impl
 from pfljax.models.weights import layer_order
 from pfljax.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
 
@@ -513,21 +517,33 @@ class Options(NamedTuple):
 def run_case(
     name: str, num_clients: int, split: str, peaks: dict, opts: Options | None = None, devices: int = 1
 ) -> dict:
+    """The JSON row of one case: pfljax (opts.conv_impl) against the torch loop."""
+    opts = opts or Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha)
+    return run_impls(name, num_clients, split, peaks, opts, (opts.conv_impl,), devices)[0]
+
+
+def run_impls(
+    name: str, num_clients: int, split: str, peaks: dict, opts: Options, impls: tuple, devices: int = 1
+) -> list[dict]:
+    """A row per pfljax convolution in `impls` (conv cases; others: opts.conv_impl only), every
+    repeat timing each impl's round then the torch round, so that all rows share one torch
+    timing and one stretch of the machine's load: before/after figures from one run."""
     import torch
 
-    opts = opts or Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha, FLAGS.conv_impl)
     spec = CASES[name]
     rows = opts.rows or spec["rows"]
     sizes = client_sizes(num_clients, rows, split, spec["classes"], alpha=opts.alpha)
     xs, ys = client_inputs(spec, sizes)
-
-    conv = {"conv_impl": opts.conv_impl} if spec["model"] in ("cnn", "resnet9") else {}
-    model = build_model(spec["model"], spec["input_shape"], spec["classes"], **spec["kwargs"], **conv)
+    is_conv = spec["model"] in ("cnn", "resnet9")
     loss = spec.get("loss", "cross_entropy")
     local = LocalTraining(optax.sgd(opts.lr), batch_size=spec["batch"], epochs=opts.epochs, loss=loss)
     arrays = pad_clients(xs, ys)
-    data = ClientData(arrays, arrays)
-    rnd, state, data = pfljax_round(model, local, data, num_clients, devices)
+    sides = []
+    for impl in impls if is_conv else (opts.conv_impl,):
+        conv = {"conv_impl": impl} if is_conv else {}
+        model = build_model(spec["model"], spec["input_shape"], spec["classes"], **spec["kwargs"], **conv)
+        rnd, state, data = pfljax_round(model, local, ClientData(arrays, arrays), num_clients, devices)
+        sides.append({"conv": conv, "model": model, "round": rnd, "state": state, "data": data, "times": []})
 
     torch.manual_seed(0)
     tmodel = torch_model(name, spec).to(torch_device())
@@ -535,11 +551,10 @@ def run_case(
     loaders = torch_loaders(xs, ys, spec["batch"])
     loss_fn = torch_loss(spec)
 
-    def jax_once(i):
-        nonlocal state
+    def jax_once(side, i):
         t0 = time.perf_counter()
-        state, m = rnd(state, data, jax.random.key(i))
-        jax.block_until_ready((state, m))
+        side["state"], m = side["round"](side["state"], side["data"], jax.random.key(i))
+        jax.block_until_ready((side["state"], m))
         return time.perf_counter() - t0
 
     def torch_once():
@@ -548,13 +563,19 @@ def run_case(
         gstate = torch_round(tmodel, gstate, loaders, sizes, opts.epochs, opts.lr, loss_fn)
         return time.perf_counter() - t0
 
-    compile_s = jax_once(0)
+    for side in sides:
+        side["compile_s"] = jax_once(side, 0)
     torch_once()
-    jt, tt = [], []
+    tt = []
     for r in range(opts.repeats):
-        jt.append(jax_once(r + 1))
+        for side in sides:
+            side["times"].append(jax_once(side, r + 1))
         tt.append(torch_once())
+    return [_row(name, spec, side, tt, sizes, split, opts, peaks, devices, local, arrays) for side in sides]
 
+
+def _row(name, spec, side, tt, sizes, split, opts, peaks, devices, local, arrays) -> dict:
+    jt, conv = side["times"], side["conv"]
     samples = opts.epochs * sum(sizes)
     fwd = forward_flops(name, spec)
     round_flops = 3.0 * fwd * samples
@@ -562,8 +583,9 @@ def run_case(
     return {
         "case": name,
         "conv_impl": conv.get("conv_impl"),
+        "conv_resolved": resolve_impl(conv["conv_impl"]) if conv else None,
         "devices": devices,
-        "clients": num_clients,
+        "clients": len(sizes),
         "split": split if split == "equal" else f"dirichlet{opts.alpha}",
         "rows_min_max": [min(sizes), max(sizes)],
         "batch": spec["batch"],
@@ -571,13 +593,13 @@ def run_case(
         "samples": samples,
         "pfljax_s": [round(jm, 4), round(min(jt), 4), round(max(jt), 4)],
         "torch_s": [round(tm, 4), round(min(tt), 4), round(max(tt), 4)],
-        "pfljax_first_round_s": round(compile_s, 2),
+        "pfljax_first_round_s": round(side["compile_s"], 2),
         "pfljax_samples_per_s": round(samples / jm, 1),
         "torch_samples_per_s": round(samples / tm, 1),
         "torch_over_pfljax": round(tm / jm, 2),
         "fwd_mflop_per_sample": round(fwd / 1e6, 3),
         "train_mflop_per_sample": round(3 * fwd / 1e6, 3),
-        "xla_step_mflop_per_sample": round(xla_step_flops_per_sample(model, local, arrays) / 1e6, 3),
+        "xla_step_mflop_per_sample": round(xla_step_flops_per_sample(side["model"], local, arrays) / 1e6, 3),
         "round_gflop": round(round_flops / 1e9, 2),
         "pfljax_gflops": round(round_flops / jm / 1e9, 2),
         "torch_gflops": round(round_flops / tm / 1e9, 2),
@@ -626,11 +648,14 @@ def main(argv):
         flush=True,
     )
     splits = ["equal", "dirichlet"] if FLAGS.split == "both" else [FLAGS.split]
+    opts = Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha)
     for name in FLAGS.cases:
         for split in splits:
             for c in FLAGS.clients:
                 for d in devices:
-                    print(json.dumps(run_case(name, int(c), split, peaks, devices=d)), flush=True)
+                    rows = run_impls(name, int(c), split, peaks, opts, tuple(FLAGS.conv_impl), devices=d)
+                    for row in rows:
+                        print(json.dumps(row), flush=True)
 
 
 def define_flags():
@@ -644,7 +669,12 @@ def define_flags():
     flags.DEFINE_integer("repeats", 3, "timed repeats of each side (interleaved)")
     flags.DEFINE_float("lr", 0.01, "SGD learning rate")
     flags.DEFINE_float("alpha", 0.1, "Dirichlet concentration of --split=dirichlet")
-    flags.DEFINE_enum("conv_impl", "auto", ["auto", "im2col", "native"], "pfljax's convolution (conv cases)")
+    flags.DEFINE_list(
+        "conv_impl", ["auto"], f"pfljax's convolution in the conv cases, a row per value: {', '.join(IMPLS)}"
+    )
+    flags.register_validator(
+        "conv_impl", lambda impls: set(impls) <= set(IMPLS), f"--conv_impl must be among {', '.join(IMPLS)}"
+    )
     flags.DEFINE_list(
         "devices", ["1"], "pfljax: shard the clients over D devices, a row per D (CPU: host devices forced)"
     )

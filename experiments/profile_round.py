@@ -139,7 +139,7 @@ def define_flags():
     flags.DEFINE_string("client_map", "auto", "auto, vmap, map")
     flags.DEFINE_integer("chunk_size", 0, "map: clients per vmapped chunk (0: none)")
     flags.DEFINE_string("local_loop", "auto", "auto, scan, while")
-    flags.DEFINE_string("conv_impl", "auto", "bench case: auto, im2col, native")
+    flags.DEFINE_string("conv_impl", "auto", f"bench case: {', '.join(IMPLS)}")
     flags.DEFINE_integer("rounds", 2, "rounds traced")
     flags.DEFINE_integer("top", 20, "events listed per trace process")
     flags.DEFINE_string("trace_dir", "/tmp/profile_round", "where the trace is written")

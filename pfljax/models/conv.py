@@ -1,25 +1,39 @@
 """Convolution and pooling whose implementation follows the backend.
 
 A convolution written as im2col (shifted slices concatenated on the channel
-axis, then one matmul) is the default on CPU and GPU: XLA's CPU convolution is
-about 10x slower, and on GPU the native convolution vmapped over clients (each
-with its own kernel) becomes a grouped convolution that runs no faster than a
-loop over clients. Measured on an H100 (`python -m experiments.bench
---cases=cnn --conv_impl=native|im2col --strategies=vmap`), a FedAvg round of
-the CNN: 10 clients 216k -> 1.07M samples/s, 100 clients 401k -> 1.49M. On TPU
-(not measured here) the native `lax.conv_general_dilated` stays the default.
-Both are tested equal (outputs and grads).
+axis, then one matmul) is the default on CPU and GPU. On GPU the native
+convolution vmapped over clients (each with its own kernel) becomes a grouped
+convolution that runs no faster than a loop over clients. Measured on an H100
+(`python -m experiments.bench --cases=cnn --conv_impl=native|im2col
+--strategies=vmap`), a FedAvg round of the CNN: 10 clients 216k -> 1.07M
+samples/s, 100 clients 401k -> 1.49M. On CPU, inside the local-training loop
+(a while/scan body), XLA hands the gradients' convolutions of the native
+version, which are not in NHWC/HWIO form, to Eigen instead of YNNPACK: a round
+about 10x slower than im2col (refcnn, 10 clients: 13.3 s against 1.03 s).
+
+"im2col_nn" (the CPU default) is im2col with a hand-written gradient: the
+kernel's gradient patches^T dy contracts both operands over their major axis,
+which XLA:CPU gives to Eigen; transposing the small dy first and the small
+result after (kept apart from the product by optimization barriers, so XLA
+does not fold them back in) makes it a row-major matmul for YNNPACK, 1.3-1.6x
+faster for patch widths kh*kw*Cin >= 144 and slower for the first layers'
+narrow patches (<= 27), which keep XLA's product. The input's gradient is
+JAX's own. On TPU (not measured here) the native `lax.conv_general_dilated`
+stays the default. All are tested equal (outputs and grads).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-IMPLS = ("auto", "im2col", "native")
+IMPLS = ("auto", "im2col", "im2col_nn", "native")
+# Patch widths kh * kw * Cin from which "im2col_nn" computes the kernel gradient as dy^T @ patches.
+NN_WEIGHT_GRAD_MIN_WIDTH = 128
 INITS = ("flax", "torch")
 
 
@@ -48,11 +62,11 @@ def bias_init(init: str, fan_in: int):
 
 
 def resolve_impl(impl: str) -> str:
-    """'auto' -> 'native' on TPU, 'im2col' elsewhere (CPU, GPU)."""
+    """'auto' -> 'native' on TPU, 'im2col_nn' on CPU, 'im2col' on GPU."""
     if impl not in IMPLS:
         raise ValueError(f"conv impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "native" if jax.default_backend() == "tpu" else "im2col"
+        return {"tpu": "native", "cpu": "im2col_nn"}.get(jax.default_backend(), "im2col")
     return impl
 
 
@@ -66,12 +80,20 @@ def _pads(padding: str, kernel: Sequence[int]) -> list[tuple[int, int]]:
 
 def conv2d(x: jax.Array, kernel: jax.Array, *, strides=(1, 1), padding="SAME", impl="auto") -> jax.Array:
     """2-D convolution, x [N, H, W, Cin], kernel [kh, kw, Cin, Cout] -> [N, H', W', Cout]."""
-    kh, kw, cin, cout = kernel.shape
-    pads = _pads(padding, (kh, kw))
-    if resolve_impl(impl) == "native":
+    pads = tuple(tuple(p) for p in _pads(padding, kernel.shape[:2]))
+    impl = resolve_impl(impl)
+    if impl == "native":
         return jax.lax.conv_general_dilated(
             x, kernel, tuple(strides), pads, dimension_numbers=("NHWC", "HWIO", "NHWC")
         )
+    if impl == "im2col_nn":
+        return _im2col_nn(x, kernel, tuple(strides), pads)
+    return _im2col(x, kernel, tuple(strides), pads)
+
+
+def _patches(x: jax.Array, kernel_hw: Sequence[int], strides, pads) -> jax.Array:
+    """[N, out_h, out_w, kh*kw*Cin] patches of x, in (i, j, c) order."""
+    kh, kw = kernel_hw
     x = jnp.pad(x, [(0, 0), pads[0], pads[1], (0, 0)])
     sh, sw = strides
     out_h = (x.shape[1] - kh) // sh + 1
@@ -81,8 +103,40 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, strides=(1, 1), padding="SAME", i
         for i in range(kh)
         for j in range(kw)
     ]
-    patches = jnp.concatenate(cols, axis=-1)  # [N, out_h, out_w, kh*kw*Cin], (i, j, c) order
-    return patches @ kernel.reshape(kh * kw * cin, cout)
+    return jnp.concatenate(cols, axis=-1)
+
+
+def _im2col(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
+    kh, kw, cin, cout = kernel.shape
+    return _patches(x, (kh, kw), strides, pads) @ kernel.reshape(kh * kw * cin, cout)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _im2col_nn(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
+    return _im2col(x, kernel, strides, pads)
+
+
+def _im2col_nn_fwd(x, kernel, strides, pads):
+    kh, kw, cin, cout = kernel.shape
+    patches = _patches(x, (kh, kw), strides, pads)
+    return patches @ kernel.reshape(kh * kw * cin, cout), (x, kernel, patches)
+
+
+def _im2col_nn_bwd(strides, pads, residuals, dy):
+    x, kernel, patches = residuals
+    cout = kernel.shape[-1]
+    dx = jax.vjp(lambda x: _im2col(x, kernel, strides, pads), x)[1](dy)[0]
+    p = patches.reshape(-1, patches.shape[-1])
+    g = dy.reshape(-1, cout)
+    if p.shape[1] >= NN_WEIGHT_GRAD_MIN_WIDTH:
+        barrier = jax.lax.optimization_barrier
+        dkernel = barrier(barrier(g.T) @ p).T  # [Cout, M] @ [M, K]: row-major for YNNPACK
+    else:
+        dkernel = p.T @ g
+    return dx, dkernel.reshape(kernel.shape)
+
+
+_im2col_nn.defvjp(_im2col_nn_fwd, _im2col_nn_bwd)
 
 
 def max_pool(x: jax.Array, window: int = 2) -> jax.Array:

@@ -5,27 +5,63 @@ import jax.numpy as jnp
 import pytest
 
 from pfljax.models import build_model
-from pfljax.models.conv import conv2d, max_pool, resolve_impl
+from pfljax.models.conv import NN_WEIGHT_GRAD_MIN_WIDTH, conv2d, max_pool, resolve_impl
 
 
+def _loss(impl, strides=(1, 1), padding="SAME"):
+    return lambda x, w: jnp.sum(jnp.sin(conv2d(x, w, strides=strides, padding=padding, impl=impl)))
+
+
+# Cin 4: patch widths 36-100, below NN_WEIGHT_GRAD_MIN_WIDTH; Cin 16: 144-400, above it.
+@pytest.mark.parametrize("impl", ["im2col", "im2col_nn"])
+@pytest.mark.parametrize("cin", [4, 16])
 @pytest.mark.parametrize(
     "padding,strides,k",
     [("SAME", (1, 1), 5), ("VALID", (1, 1), 5), ("SAME", (2, 2), 3), ("VALID", (2, 1), 4)],
 )
-def test_im2col_equals_native_outputs_and_grads(padding, strides, k):
+def test_im2col_equals_native_outputs_and_grads(impl, cin, padding, strides, k):
     kx, kk = jax.random.split(jax.random.key(0))
-    x = jax.random.normal(kx, (3, 11, 10, 4))
-    w = jax.random.normal(kk, (k, k, 4, 6))
-
-    def f(impl):
-        return lambda x, w: jnp.sum(jnp.sin(conv2d(x, w, strides=strides, padding=padding, impl=impl)))
-
-    a = conv2d(x, w, strides=strides, padding=padding, impl="im2col")
+    x = jax.random.normal(kx, (3, 11, 10, cin))
+    w = jax.random.normal(kk, (k, k, cin, 6)) / k
+    a = conv2d(x, w, strides=strides, padding=padding, impl=impl)
     b = conv2d(x, w, strides=strides, padding=padding, impl="native")
     chex.assert_trees_all_close(a, b, rtol=1e-4, atol=1e-4)
-    ga = jax.grad(f("im2col"), argnums=(0, 1))(x, w)
-    gb = jax.grad(f("native"), argnums=(0, 1))(x, w)
+    ga = jax.grad(_loss(impl, strides, padding), argnums=(0, 1))(x, w)
+    gb = jax.grad(_loss("native", strides, padding), argnums=(0, 1))(x, w)
     chex.assert_trees_all_close(ga, gb, rtol=1e-4, atol=1e-4)
+
+
+def test_im2col_nn_weight_gradient_takes_the_nn_product_from_the_threshold():
+    """Both branches of the hand-written gradient, at the widths on either side of the threshold."""
+    for cin, nn_form in [(5, False), (6, True)]:  # 5 x 5 x Cin: 125 < 128 <= 150
+        x = jax.random.normal(jax.random.key(1), (2, 7, 7, cin))
+        w = jax.random.normal(jax.random.key(2), (5, 5, cin, 3))
+        assert (25 * cin >= NN_WEIGHT_GRAD_MIN_WIDTH) == nn_form
+        hlo = jax.jit(jax.grad(_loss("im2col_nn"), argnums=1)).lower(x, w).as_text()
+        assert ("optimization_barrier" in hlo) == nn_form
+        chex.assert_trees_all_close(
+            jax.grad(_loss("im2col_nn"), argnums=1)(x, w),
+            jax.grad(_loss("im2col"), argnums=1)(x, w),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+
+
+def test_im2col_nn_under_vmap_equals_a_loop_and_allows_forward_over_reverse():
+    """Clients vmapped (each its own kernel) == one at a time; jvp of the gradient (Per-FedAvg's
+    exact Hessian-vector product) equals plain im2col's."""
+    xs = jax.random.normal(jax.random.key(3), (3, 2, 9, 9, 8))
+    ws = jax.random.normal(jax.random.key(4), (3, 5, 5, 8, 4)) / 5
+    grad = jax.grad(_loss("im2col_nn"), argnums=1)
+    chex.assert_trees_all_close(
+        jax.vmap(grad)(xs, ws), jnp.stack([grad(x, w) for x, w in zip(xs, ws)]), rtol=1e-5, atol=1e-5
+    )
+
+    def hvp(impl):
+        g = jax.grad(_loss(impl), argnums=1)
+        return jax.jvp(lambda w: g(xs[0], w), (ws[0],), (ws[1],))[1]
+
+    chex.assert_trees_all_close(hvp("im2col_nn"), hvp("im2col"), rtol=1e-4, atol=1e-4)
 
 
 def test_cnn_model_same_under_both_impls():
@@ -42,6 +78,7 @@ def test_max_pool_equals_flax():
 
 
 def test_resolve_impl():
-    assert resolve_impl("auto") == ("native" if jax.default_backend() == "tpu" else "im2col")
+    expected = {"tpu": "native", "cpu": "im2col_nn"}.get(jax.default_backend(), "im2col")
+    assert resolve_impl("auto") == expected
     with pytest.raises(ValueError, match="im2col"):
         resolve_impl("winograd")
