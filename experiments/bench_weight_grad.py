@@ -9,7 +9,7 @@ bench_vs_torch conv cases, then a square 2048^3 product) one JSON line gives GFL
 
 - `xla`: `p.T @ g` jitted, as JAX's own gradient leaves it (XLA:CPU gives this dot to
   Eigen: YNNPACK takes only a row-major left operand);
-- `nn`: what `pfljax.models.conv` "im2col_nn" does from K >= NN_WEIGHT_GRAD_MIN_WIDTH:
+- `nn`: what `pfljax.models.conv` "im2col_nn" does where `nn_weight_grad(K, N)`:
   g transposed first and the [N, K] product transposed after, kept apart by
   optimization barriers, so the product is a row-major [N, M] @ [M, K] for YNNPACK;
 - `torch`: `p.t() @ g` in torch (CPU), when torch is installed (`pip install -e .[bench]`).
@@ -27,7 +27,7 @@ import numpy as np
 from absl import app, flags
 
 from pfljax.experiment.cli import parse_flags
-from pfljax.models.conv import NN_WEIGHT_GRAD_MIN_WIDTH
+from pfljax.models.conv import nn_weight_grad
 
 FLAGS = flags.FLAGS
 # M x K x N of the weight gradients: refcnn conv_0 / conv_1 (batch 32), bench CNN conv_1,
@@ -89,7 +89,7 @@ def measure(m: int, k: int, n: int, repeats: int) -> dict:
         for name, fn in fns.items():
             best[name] = min(best[name], best_seconds(fn, 1))
     gflop = 2.0 * m * k * n / 1e9
-    row = {"shape": f"{m}x{k}x{n}", "nn_in_im2col_nn": k >= NN_WEIGHT_GRAD_MIN_WIDTH}
+    row = {"shape": f"{m}x{k}x{n}", "nn_in_im2col_nn": nn_weight_grad(k, n)}
     row |= {f"{name}_gflops": round(gflop / s, 1) for name, s in best.items()}
     row["nn_over_xla"] = round(best["xla"] / best["nn"], 2)
     return row

@@ -15,10 +15,11 @@ about 10x slower than im2col (refcnn, 10 clients: 13.3 s against 1.03 s).
 kernel's gradient patches^T dy contracts both operands over their major axis,
 which XLA:CPU gives to Eigen; transposing the small dy first and the small
 result after (kept apart from the product by optimization barriers, so XLA
-does not fold them back in) makes it a row-major matmul for YNNPACK, 1.3-1.6x
-faster for patch widths kh*kw*Cin >= 144 and slower for the first layers'
-narrow patches (<= 27), which keep XLA's product. The input's gradient is
-JAX's own. On TPU (not measured here) the native `lax.conv_general_dilated`
+does not fold them back in) makes it a row-major matmul for YNNPACK, 1.3-1.8x
+faster for patch widths kh*kw*Cin from 144 and Cout up to 256 (every layer of
+the CNNs and ResNet-9 but the first), slower for narrow patches (<= 27) and for
+Cout >= 512, which keep XLA's product (`python -m experiments.bench_weight_grad`).
+The input's gradient is JAX's own. On TPU (not measured here) the native `lax.conv_general_dilated`
 stays the default. All are tested equal (outputs and grads).
 """
 
@@ -32,8 +33,17 @@ import jax
 import jax.numpy as jnp
 
 IMPLS = ("auto", "im2col", "im2col_nn", "native")
-# Patch widths kh * kw * Cin from which "im2col_nn" computes the kernel gradient as dy^T @ patches.
+# "im2col_nn" computes the kernel gradient as dy^T @ patches for patch widths kh * kw * Cin from
+# NN_WEIGHT_GRAD_MIN_WIDTH and Cout up to NN_WEIGHT_GRAD_MAX_COUT (experiments/bench_weight_grad.py).
 NN_WEIGHT_GRAD_MIN_WIDTH = 128
+NN_WEIGHT_GRAD_MAX_COUT = 256
+
+
+def nn_weight_grad(width: int, cout: int) -> bool:
+    """Whether "im2col_nn" takes the row-major product for a kernel of patch width kh*kw*Cin."""
+    return width >= NN_WEIGHT_GRAD_MIN_WIDTH and cout <= NN_WEIGHT_GRAD_MAX_COUT
+
+
 INITS = ("flax", "torch")
 
 
@@ -128,7 +138,7 @@ def _im2col_nn_bwd(strides, pads, residuals, dy):
     dx = jax.vjp(lambda x: _im2col(x, kernel, strides, pads), x)[1](dy)[0]
     p = patches.reshape(-1, patches.shape[-1])
     g = dy.reshape(-1, cout)
-    if p.shape[1] >= NN_WEIGHT_GRAD_MIN_WIDTH:
+    if nn_weight_grad(p.shape[1], cout):
         barrier = jax.lax.optimization_barrier
         dkernel = barrier(barrier(g.T) @ p).T  # [Cout, M] @ [M, K]: row-major for YNNPACK
     else:

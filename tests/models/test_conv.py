@@ -5,14 +5,21 @@ import jax.numpy as jnp
 import pytest
 
 from pfljax.models import build_model
-from pfljax.models.conv import NN_WEIGHT_GRAD_MIN_WIDTH, conv2d, max_pool, resolve_impl
+from pfljax.models.conv import (
+    NN_WEIGHT_GRAD_MAX_COUT,
+    NN_WEIGHT_GRAD_MIN_WIDTH,
+    conv2d,
+    max_pool,
+    nn_weight_grad,
+    resolve_impl,
+)
 
 
 def _loss(impl, strides=(1, 1), padding="SAME"):
     return lambda x, w: jnp.sum(jnp.sin(conv2d(x, w, strides=strides, padding=padding, impl=impl)))
 
 
-# Cin 4: patch widths 36-100, below NN_WEIGHT_GRAD_MIN_WIDTH; Cin 16: 144-400, above it.
+# Cin 4: patch widths 36-100, below NN_WEIGHT_GRAD_MIN_WIDTH; Cin 16: 144-400, from it on.
 @pytest.mark.parametrize("impl", ["im2col", "im2col_nn"])
 @pytest.mark.parametrize("cin", [4, 16])
 @pytest.mark.parametrize(
@@ -31,12 +38,14 @@ def test_im2col_equals_native_outputs_and_grads(impl, cin, padding, strides, k):
     chex.assert_trees_all_close(ga, gb, rtol=1e-4, atol=1e-4)
 
 
-def test_im2col_nn_weight_gradient_takes_the_nn_product_from_the_threshold():
-    """Both branches of the hand-written gradient, at the widths on either side of the threshold."""
-    for cin, nn_form in [(5, False), (6, True)]:  # 5 x 5 x Cin: 125 < 128 <= 150
+def test_im2col_nn_weight_gradient_takes_the_nn_product_within_the_thresholds():
+    """Both branches of the hand-written gradient, on either side of each threshold."""
+    wide = NN_WEIGHT_GRAD_MAX_COUT + 1
+    for cin, cout, nn_form in [(5, 3, False), (6, 3, True), (6, wide, False)]:  # 5 x 5 x Cin: 125, 150
         x = jax.random.normal(jax.random.key(1), (2, 7, 7, cin))
-        w = jax.random.normal(jax.random.key(2), (5, 5, cin, 3))
-        assert (25 * cin >= NN_WEIGHT_GRAD_MIN_WIDTH) == nn_form
+        w = jax.random.normal(jax.random.key(2), (5, 5, cin, cout))
+        assert nn_weight_grad(25 * cin, cout) == nn_form
+        assert (25 * cin >= NN_WEIGHT_GRAD_MIN_WIDTH and cout <= NN_WEIGHT_GRAD_MAX_COUT) == nn_form
         hlo = jax.jit(jax.grad(_loss("im2col_nn"), argnums=1)).lower(x, w).as_text()
         assert ("optimization_barrier" in hlo) == nn_form
         chex.assert_trees_all_close(
