@@ -10,7 +10,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_profile_of_a_tiny_round_lists_the_busiest_events(tmp_path):
-    args = ["--case=mlp", "--clients=3", "--rows=16", "--steps=2", "--rounds=2", "--top=5"]
+    # --top=20: in a round this tiny, tracing's own start/stop can outweigh the round's events
+    # (seen in CI: the top 5 were all profiler and Python frames).
+    args = ["--case=mlp", "--clients=3", "--rows=16", "--steps=2", "--rounds=2", "--top=20"]
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.profile_round", *args, f"--trace_dir={tmp_path}"],
         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300,
@@ -23,7 +25,7 @@ def test_profile_of_a_tiny_round_lists_the_busiest_events(tmp_path):
     assert processes and processes[0]["events_s"] >= processes[-1]["events_s"]
     for p in processes:
         tops = p["top"]
-        assert 0 < len(tops) <= 5
+        assert 0 < len(tops) <= 20
         assert [t["s"] for t in tops] == sorted((t["s"] for t in tops), reverse=True)
         assert all(t["count"] >= 1 and 0 <= t["share"] <= 1 for t in tops)
     names = {t["name"] for p in processes for t in p["top"]}
