@@ -19,8 +19,9 @@ does not fold them back in) makes it a row-major matmul for YNNPACK, 1.3-1.8x
 faster for patch widths kh*kw*Cin from 144 and Cout up to 256 (every layer of
 the CNNs and ResNet-9 but the first), slower for narrow patches (<= 27) and for
 Cout >= 512, which keep XLA's product (`python -m experiments.bench_weight_grad`).
-The input's gradient is JAX's own. On TPU (not measured here) the native `lax.conv_general_dilated`
-stays the default. All are tested equal (outputs and grads).
+The input's gradient is JAX's own. On TPU (not measured here) the native
+`lax.conv_general_dilated` stays the default. All are tested equal (outputs and
+grads).
 """
 
 from __future__ import annotations
