@@ -1,9 +1,16 @@
 """Convolution and pooling whose implementation follows the backend.
 
+On CPU, `conv_impl="auto"` is "onednn": oneDNN's convolutions (what PyTorch's CPU
+convolutions call) as XLA FFI custom calls, compiled on first use where a C++
+compiler and oneDNN's headers are installed (`pfljax.models.onednn`); a FedAvg
+round of the CNNs 1.2-1.6x and of ResNet-9 1.4-1.5x faster than with im2col_nn
+(`python -m experiments.bench_vs_torch --conv_impl=im2col_nn,auto`, stop 41).
+Without them, "auto" is "im2col_nn" on CPU.
+
 A convolution written as im2col (shifted slices concatenated on the channel
-axis, then one matmul) is the default on CPU and GPU. On GPU the native
-convolution vmapped over clients (each with its own kernel) becomes a grouped
-convolution that runs no faster than a loop over clients. Measured on an H100
+axis, then one matmul) is the default on GPU. There the native convolution
+vmapped over clients (each with its own kernel) becomes a grouped convolution
+that runs no faster than a loop over clients. Measured on an H100
 (`python -m experiments.bench --cases=cnn --conv_impl=native|im2col
 --strategies=vmap`), a FedAvg round of the CNN: 10 clients 216k -> 1.07M
 samples/s, 100 clients 401k -> 1.49M. On CPU, inside the local-training loop
@@ -11,17 +18,17 @@ samples/s, 100 clients 401k -> 1.49M. On CPU, inside the local-training loop
 version, which are not in NHWC/HWIO form, to Eigen instead of YNNPACK: a round
 about 10x slower than im2col (refcnn, 10 clients: 13.3 s against 1.03 s).
 
-"im2col_nn" (the CPU default) is im2col with a hand-written gradient: the
-kernel's gradient patches^T dy contracts both operands over their major axis,
-which XLA:CPU gives to Eigen; transposing the small dy first and the small
-result after (kept apart from the product by optimization barriers, so XLA
-does not fold them back in) makes it a row-major matmul for YNNPACK, 1.3-1.8x
-faster for patch widths kh*kw*Cin from 144 and Cout up to 256 (every layer of
-the CNNs and ResNet-9 but the first), slower for narrow patches (<= 27) and for
-Cout >= 512, which keep XLA's product (`python -m experiments.bench_weight_grad`).
-The input's gradient is JAX's own. On TPU (not measured here) the native
-`lax.conv_general_dilated` stays the default. All are tested equal (outputs and
-grads).
+"im2col_nn" is im2col with a hand-written gradient: the kernel's gradient
+patches^T dy contracts both operands over their major axis, which XLA:CPU gives
+to Eigen; transposing the small dy first and the small result after (kept apart
+from the product by optimization barriers, so XLA does not fold them back in)
+makes it a row-major matmul for YNNPACK, 1.3-1.8x faster for patch widths
+kh*kw*Cin from 144 and Cout up to 256 (every layer of the CNNs and ResNet-9 but
+the first), slower for narrow patches (<= 27) and for Cout >= 512, which keep
+XLA's product (`python -m experiments.bench_weight_grad`). The input's gradient
+is JAX's own. On TPU (not measured here) the native `lax.conv_general_dilated`
+stays the default. All are tested equal (outputs and grads); "onednn" takes
+float32 only (other dtypes run im2col_nn).
 """
 
 from __future__ import annotations
@@ -32,8 +39,11 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from absl import logging
 
-IMPLS = ("auto", "im2col", "im2col_nn", "native")
+from pfljax.models import onednn
+
+IMPLS = ("auto", "im2col", "im2col_nn", "native", "onednn")
 # "im2col_nn" computes the kernel gradient as dy^T @ patches for patch widths kh * kw * Cin from
 # NN_WEIGHT_GRAD_MIN_WIDTH and Cout up to NN_WEIGHT_GRAD_MAX_COUT (experiments/bench_weight_grad.py).
 NN_WEIGHT_GRAD_MIN_WIDTH = 128
@@ -73,12 +83,28 @@ def bias_init(init: str, fan_in: int):
 
 
 def resolve_impl(impl: str) -> str:
-    """'auto' -> 'native' on TPU, 'im2col_nn' on CPU, 'im2col' on GPU."""
+    """'auto' -> 'native' on TPU, 'im2col' on GPU, on CPU 'onednn' where it can be built (see
+    `pfljax.models.onednn`), else 'im2col_nn'."""
     if impl not in IMPLS:
         raise ValueError(f"conv impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "auto":
-        return {"tpu": "native", "cpu": "im2col_nn"}.get(jax.default_backend(), "im2col")
-    return impl
+    if impl != "auto":
+        return impl
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return "onednn" if _onednn_or_why() else "im2col_nn"
+    return {"tpu": "native"}.get(backend, "im2col")
+
+
+@functools.cache
+def _onednn_or_why() -> bool:
+    """Whether oneDNN's convolutions are available; logs why not, once."""
+    if onednn.available():
+        return True
+    logging.info(
+        "conv_impl 'auto' on CPU: im2col_nn, oneDNN's convolutions are not available: %s",
+        onednn.unavailable_reason(),
+    )
+    return False
 
 
 def _pads(padding: str, kernel: Sequence[int]) -> list[tuple[int, int]]:
@@ -97,6 +123,10 @@ def conv2d(x: jax.Array, kernel: jax.Array, *, strides=(1, 1), padding="SAME", i
         return jax.lax.conv_general_dilated(
             x, kernel, tuple(strides), pads, dimension_numbers=("NHWC", "HWIO", "NHWC")
         )
+    if impl == "onednn":
+        if x.dtype == kernel.dtype == jnp.float32:
+            return onednn.conv2d(x, kernel, strides, pads)
+        impl = "im2col_nn"  # oneDNN's handlers are float32 only
     if impl == "im2col_nn":
         return _im2col_nn(x, kernel, tuple(strides), pads)
     return _im2col(x, kernel, tuple(strides), pads)

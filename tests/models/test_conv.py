@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from pfljax.models import build_model
+from pfljax.models import build_model, onednn
 from pfljax.models.conv import (
     NN_WEIGHT_GRAD_MAX_COUT,
     NN_WEIGHT_GRAD_MIN_WIDTH,
@@ -87,7 +87,8 @@ def test_max_pool_equals_flax():
 
 
 def test_resolve_impl():
-    expected = {"tpu": "native", "cpu": "im2col_nn"}.get(jax.default_backend(), "im2col")
+    cpu = "onednn" if onednn.available() else "im2col_nn"
+    expected = {"tpu": "native", "cpu": cpu}.get(jax.default_backend(), "im2col")
     assert resolve_impl("auto") == expected
     with pytest.raises(ValueError, match="im2col"):
         resolve_impl("winograd")
