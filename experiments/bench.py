@@ -1,7 +1,7 @@
 """Round throughput: the library's jitted round vs a Python loop over clients.
 
     python -m experiments.bench [--json] [--cases=cnn,mlp] [--strategies=auto,vmap,map]
-        [--conv_impl=auto|im2col|im2col_nn|native] [--clients=N]
+        [--conv_impl=auto|im2col|im2col_nn|native|onednn] [--clients=N]
 
 For each case it prints samples/s of one FedAvg round (all local updates in one
 jit, with the client-mapping strategy given, "auto" being the library's
@@ -34,7 +34,7 @@ from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.types import ClientArrays, ClientData
 from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
-from pfljax.models.conv import IMPLS
+from pfljax.models.conv import IMPLS, ONEDNN_MISSING, runs_here
 
 FLAGS = flags.FLAGS
 
@@ -48,6 +48,7 @@ def define_flags():
     flags.DEFINE_integer("chunk_size", 0, "lax.map batch_size for strategy=map (0: None)")
     flags.DEFINE_integer("repeats", 3, "timed repetitions (best is reported)")
     flags.DEFINE_enum("conv_impl", "auto", list(IMPLS), "CNN convolution implementation")
+    flags.register_validator("conv_impl", runs_here, ONEDNN_MISSING)
     flags.DEFINE_integer("clients", 0, "number of clients (0: the case's own)")
 
 

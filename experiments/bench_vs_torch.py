@@ -65,7 +65,7 @@ from pfljax.data.federated import pad_clients
 from pfljax.data.partition import dirichlet
 from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
-from pfljax.models.conv import IMPLS, resolve_impl
+from pfljax.models.conv import IMPLS, ONEDNN_MISSING, resolve_impl, runs_here
 from pfljax.models.weights import layer_order
 from pfljax.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
 
@@ -675,6 +675,7 @@ def define_flags():
     flags.register_validator(
         "conv_impl", lambda impls: set(impls) <= set(IMPLS), f"--conv_impl must be among {', '.join(IMPLS)}"
     )
+    flags.register_validator("conv_impl", lambda impls: all(map(runs_here, impls)), ONEDNN_MISSING)
     flags.DEFINE_list(
         "devices", ["1"], "pfljax: shard the clients over D devices, a row per D (CPU: host devices forced)"
     )

@@ -35,7 +35,7 @@ from pfljax.core.local import LOOPS, LocalTraining
 from pfljax.experiment.cli import fail, parse_flags
 from pfljax.experiment.config import prepare
 from pfljax.experiment.configs import pfllib_fmnist
-from pfljax.models.conv import IMPLS
+from pfljax.models.conv import IMPLS, ONEDNN_MISSING, runs_here
 
 FLAGS = flags.FLAGS
 
@@ -95,6 +95,8 @@ def check_flags() -> None:
     for name, allowed in choices.items():
         if FLAGS[name].value not in allowed:
             fail(f"--{name} must be one of {list(allowed)}, got {FLAGS[name].value!r}")
+    if not runs_here(FLAGS.conv_impl):
+        fail(ONEDNN_MISSING)
     for name, low in (
         ("clients", 0),
         ("rows", 0),

@@ -3,7 +3,7 @@
 On CPU, `conv_impl="auto"` is "onednn": oneDNN's convolutions (what PyTorch's CPU
 convolutions call) as XLA FFI custom calls, compiled on first use where a C++
 compiler and oneDNN's headers are installed (`pfljax.models.onednn`); a FedAvg
-round of the CNNs 1.2-1.6x and of ResNet-9 1.4-1.5x faster than with im2col_nn
+round of the CNNs 1.06-1.67x and of ResNet-9 1.4x faster than with im2col_nn
 (`python -m experiments.bench_vs_torch --conv_impl=im2col_nn,auto`, stop 41).
 Without them, "auto" is "im2col_nn" on CPU.
 
@@ -93,6 +93,18 @@ def resolve_impl(impl: str) -> str:
     if backend == "cpu":
         return "onednn" if _onednn_or_why() else "im2col_nn"
     return {"tpu": "native"}.get(backend, "im2col")
+
+
+ONEDNN_MISSING = (
+    "conv_impl 'onednn': oneDNN's convolutions cannot be built here (needs g++ and libdnnl-dev; "
+    "pfljax.models.onednn.unavailable_reason() says why)"
+)
+
+
+def runs_here(impl: str) -> bool:
+    """Whether conv impl `impl` can run in this process (the binaries' flag check): all but
+    'onednn' always; 'onednn' where `pfljax.models.onednn` could be built (else ONEDNN_MISSING)."""
+    return impl != "onednn" or onednn.available()
 
 
 @functools.cache

@@ -6,7 +6,13 @@
 // is created once per (kind, sizes, window) and kept; oneDNN picks its kernel layout (blocked
 // on AVX-512), into or out of which the HWIO kernel is reordered at each call. Scratchpads and
 // reordered kernels live in per-thread buffers, so calls from several XLA threads never share
-// memory. Builds against oneDNN 2.x and 3.x.
+// memory. With several XLA CPU devices in one process (each running its clients at the same
+// time), PfljaxOnednnSetThreads gives each call its share of the cores: without it every call
+// would start a team of as many OpenMP threads as there are cores. Builds against oneDNN 2.x
+// and 3.x (OpenMP threading, as Debian's libdnnl).
+#include <omp.h>
+
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -24,6 +30,9 @@ using Tag = dnnl::memory::format_tag;
 namespace {
 
 enum class Kind : char { kForward = 'f', kInputGrad = 'd', kKernelGrad = 'w' };
+
+// OpenMP threads per oneDNN call (0: OpenMP's default).
+std::atomic<int> threads_per_call{0};
 
 dnnl::engine& Engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -145,6 +154,8 @@ memory Buffer(int index, const memory::desc& desc) {
 // gradient), the HWIO kernel (or its gradient) and the NHWC output (or its gradient).
 ffi::Error Run(Kind kind, const Geometry& g, float* input, float* kernel, float* output) {
   try {
+    int threads = threads_per_call.load();
+    if (threads > 0 && omp_get_max_threads() != threads) omp_set_num_threads(threads);
     auto plan = GetPlan(kind, g);
     thread_local dnnl::stream stream(Engine());
     memory x(g.Input(), Engine(), input), y(g.Output(), Engine(), output), hwio(g.Kernel(), Engine(), kernel);
@@ -202,6 +213,8 @@ ffi::Error KernelGrad(F32 x, F32 dy, F32Result dk, Window window) {
 }
 
 }  // namespace
+
+extern "C" void PfljaxOnednnSetThreads(int threads) { threads_per_call.store(threads); }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PfljaxConvForward, Forward,
                               ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Ret<F32>().Attr<Window>("window"));

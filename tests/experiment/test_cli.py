@@ -371,3 +371,28 @@ def test_every_experiment_binary_refuses_a_bad_flag_in_one_line_with_exit_2():
         context = f"{case}\nstderr: {res['stderr'][-1500:]}"
         assert res["rc"] == 2 and len(lines) == 1 and lines[0].startswith("error: "), context
         assert case["args"][0].split("=")[0].lstrip("-") in lines[0], context
+
+
+def test_conv_impl_onednn_where_it_cannot_be_built_is_one_line_and_exit_2(tmp_path):
+    """A compiler that fails (CXX=false) and an empty cache: the benchmarks asked for
+    --conv_impl=onednn refuse in one line, exit 2, before anything runs."""
+    env = {**binary_env(), "CXX": "false", "PFLJAX_CACHE_DIR": str(tmp_path)}
+    for module, args in [
+        ("experiments.bench", ["--conv_impl=onednn", "--cases=cnn"]),
+        ("experiments.bench_vs_torch", ["--conv_impl=im2col,onednn", "--cases=cnn"]),
+        ("experiments.profile_round", ["--conv_impl=onednn"]),
+    ]:
+        res = subprocess.run(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and "conv_impl" in lines[0], (
+            module,
+            res.stderr[-1500:],
+        )
+        assert "libdnnl-dev" in lines[0] and not res.stdout.strip(), (module, res.stdout[-500:])
