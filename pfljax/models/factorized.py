@@ -78,7 +78,8 @@ class FactorizedConv(nn.Module):
     """Convolution with kernel reshape(u v^T) + mu (see module docstring).
 
     Leaves u [F*F, r], v [I*O, r], mu [F, F, I, O] and, with use_bias, bias [O].
-    The convolution itself is `pfljax.models.conv.conv2d` (im2col on CPU and GPU, native on TPU).
+    The convolution itself is `pfljax.models.conv.conv2d` (`conv_impl`: oneDNN or im2col on CPU,
+    im2col on GPU, native on TPU).
     """
 
     features: int

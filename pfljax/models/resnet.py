@@ -14,8 +14,8 @@ modules/nets.py), itself the fast CIFAR-10 ResNet-9: conv-BN-ReLU blocks
 with widths (w0, w1, w2) = (64, 128, 256). `bn_i` follows `conv_i`. With
 `factorized=True` every convolution is a `FactorizedConv` and the head a
 `FactorizedDense`; `materialize` of its parameters has exactly the tree of
-the plain network. Convolutions use `pfljax.models.conv.conv2d` (im2col on
-CPU and GPU, native on TPU).
+the plain network. Convolutions use `pfljax.models.conv.conv2d` (`conv_impl`:
+oneDNN or im2col on CPU, im2col on GPU, native on TPU).
 """
 
 from __future__ import annotations
