@@ -63,7 +63,7 @@ from pfljax.core.losses import PAD_ID
 from pfljax.core.types import ClientData
 from pfljax.data.federated import pad_clients
 from pfljax.data.partition import dirichlet
-from pfljax.experiment.cli import parse_flags
+from pfljax.experiment.cli import fail, missing_package, parse_flags
 from pfljax.models import build_model
 from pfljax.models.conv import IMPLS, ONEDNN_MISSING, resolve_impl, runs_here
 from pfljax.models.weights import layer_order
@@ -611,6 +611,8 @@ def _row(name, spec, side, tt, sizes, split, opts, peaks, devices, local, arrays
 
 def main(argv):
     del argv
+    if missing_package("torch"):
+        fail("missing package torch (the benchmark's other side): pip install -e '.[bench]'")
     import torch
 
     if FLAGS.torch_threads < 0:

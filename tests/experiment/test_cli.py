@@ -396,3 +396,18 @@ def test_conv_impl_onednn_where_it_cannot_be_built_is_one_line_and_exit_2(tmp_pa
             res.stderr[-1500:],
         )
         assert "libdnnl-dev" in lines[0] and not res.stdout.strip(), (module, res.stdout[-500:])
+
+
+def test_bench_vs_torch_without_torch_is_one_line_and_exit_2():
+    """torch blocked (None in sys.modules, as if not installed): one line naming it, exit 2."""
+    code = (
+        "import runpy, sys; sys.modules['torch'] = None; "
+        "sys.argv = ['bench_vs_torch', '--cases=mlp']; "
+        "runpy.run_module('experiments.bench_vs_torch', run_name='__main__')"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=binary_env(), capture_output=True, text=True, timeout=300
+    )
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "torch" in lines[0], res.stderr[-1500:]
+    assert ".[bench]" in lines[0] and not res.stdout.strip()
