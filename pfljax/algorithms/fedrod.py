@@ -35,7 +35,7 @@ import optax
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.layers import layer_groups
+from pfljax.core.heads import linear_head
 from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.losses import Loss, get_loss
 from pfljax.core.privacy import ClientDP
@@ -129,15 +129,6 @@ def server_update(state: FedRoDState, outputs, part: Participants):
     ), metrics
 
 
-def linear_head(model: Model) -> str:
-    """The name of the model's last layer; ValueError unless it is one Dense (kernel [d, k], bias [k])."""
-    last = layer_groups(model)[-1]
-    shapes = model.template()["params"][last[0]] if len(last) == 1 else {}
-    if set(shapes) != {"kernel", "bias"} or len(shapes["kernel"].shape) != 2:
-        raise ValueError(f"FedRoD needs a model whose last layer is one Dense (kernel, bias), got {last}")
-    return last[0]
-
-
 def init(model: Model, head: str, key, params_template=None, num_clients: int = 1) -> FedRoDState:
     params = model.initial(key, params_template)
     return FedRoDState(params, broadcast(params["params"][head], num_clients), jnp.zeros([], jnp.int32))
@@ -169,7 +160,7 @@ def build(
     if get_loss(local.loss).name != "cross_entropy":
         raise ValueError(f"FedRoD needs local.loss 'cross_entropy', got {get_loss(local.loss).name!r}")
     cmap = as_client_map(client_map)
-    head = linear_head(model)
+    head = linear_head(model, "FedRoD")
     train = make_local_train(functools.partial(rod_apply, model.apply, head), local._replace(loss=ROD_LOSS))
     hp = FedRoDHyper(train, head, model.num_outputs)
     step = client_step(functools.partial(client_update, hp), server_update, cmap, "client_heads")
