@@ -25,7 +25,7 @@ each client runs only its own steps on CPU). Both run in the same process.
   MLP of (c), 5 local steps): round-time ratios, targets <= 5x and <= 1.5x, and
   the ratio to FedAvg with 4x the steps (the (neighbours + 1) gradients per
   step FedeRiCo cannot avoid).
-- (million) clients beyond device memory (pfljax.core.offload): FedPer (a personal
+- (million) clients beyond device memory (pfljax.runtime.offload): FedPer (a personal
   head per client: per-client state of O(parameters)), an MLP (32 inputs, 32 hidden,
   10 classes), 20 train and 5 test rows per client (uint8 codes, synthetic), 100
   clients per round, 1 local epoch of batch 10: 1,000,000 clients in host memory
@@ -56,16 +56,16 @@ from absl import app, flags
 
 from experiments.timing import time_round
 from pfljax.algorithms import fedavg, federico, fedper, pfedla
-from pfljax.core.blocks import all_finite, make_block
 from pfljax.core.local import LocalTraining
-from pfljax.core.memory import device_memory_bytes, host_memory_report, max_clients, memory_report
-from pfljax.core.offload import HostBlock, Offload, gather_data
 from pfljax.core.params import tree_bytes
 from pfljax.core.sampling import sample_clients
 from pfljax.core.types import ClientData, ClientPool
 from pfljax.data import build_federated_data, pool_clients
 from pfljax.experiment.cli import parse_flags
 from pfljax.models import build_model
+from pfljax.runtime.blocks import all_finite, make_block
+from pfljax.runtime.memory import device_memory_bytes, host_memory_report, max_clients, memory_report
+from pfljax.runtime.offload import HostBlock, Offload, gather_data
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("json", False, "print one JSON object per line (else a readable line)")

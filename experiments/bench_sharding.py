@@ -2,13 +2,13 @@
 
     python -m experiments.bench_sharding [--devices=4] [--cases=cnn,mlp] [--json]
 
-On CPU it forces D host devices (`pfljax.sharding.use_cpu_devices`, as the
+On CPU it forces D host devices (`pfljax.runtime.sharding.use_cpu_devices`, as the
 binaries' `--cpu_devices`); on GPU/TPU it uses the first D devices. For the
 bench.py cases (random data of the right shapes, FedAvg, all clients) it prints
 seconds per round for:
 
 - `1 device, <auto>`: the plain algorithm, no sharding (reference);
-- `D devices, sharded(<auto>)`: pfljax.sharding.ShardedMap, the binaries' choice
+- `D devices, sharded(<auto>)`: pfljax.runtime.sharding.ShardedMap, the binaries' choice
   (`, data replicated`: ClientData on every device instead of sharded);
 - `D devices, map` / `D devices, vmap`: state and data sharded, but the plain
   ClientMap strategy, left to XLA's sharding propagation (lax.map over a
@@ -32,7 +32,7 @@ from experiments import bench
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import ClientMap
 from pfljax.experiment.cli import parse_flags
-from pfljax.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
+from pfljax.runtime.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
 
 FLAGS = flags.FLAGS  # --cases, --repeats, --json come from experiments.bench
 flags.DEFINE_integer("devices", 4, "devices D the client axis is sharded over")

@@ -8,7 +8,7 @@ schedule; --clients / --steps shrink them) and each R it times, interleaved
 (R separate, then R as one, repeated --repeats times):
 - `separate_s`: R rounds of the single run's jitted round, one after another
   (R separate runs sharing one compiled program: a lower bound on R processes);
-- `replicas_s`: one round of `pfljax.core.replicas.replicate(alg, R, strategy)`,
+- `replicas_s`: one round of `pfljax.runtime.replicas.replicate(alg, R, strategy)`,
   jitted (R states, the client data shared; `--strategy=map`: lax.map over R);
 and prints one JSON line per (case, R) with the medians, their ratio
 (`speedup` = separate / replicas; `replicas_over_one` = replicas_s over R=1's
@@ -30,8 +30,8 @@ from absl import app, flags
 
 from experiments import bench
 from pfljax.algorithms import fedavg
-from pfljax.core import replicas
 from pfljax.experiment.cli import parse_flags
+from pfljax.runtime import replicas
 
 FLAGS = flags.FLAGS
 
@@ -42,7 +42,7 @@ def define_flags():
     flags.DEFINE_list("replicas", ["1", "4", "8"], "replica counts R")
     flags.DEFINE_integer("steps", 0, "local steps per round (0: the case's own)")
     flags.DEFINE_enum(
-        "strategy", "vmap", ["vmap", "map"], "how the replicas are mapped (pfljax.core.replicas)"
+        "strategy", "vmap", ["vmap", "map"], "how the replicas are mapped (pfljax.runtime.replicas)"
     )
 
 

@@ -14,7 +14,7 @@ untimed warm-up round each (pfljax's includes compilation):
   XLA program (clients mapped by the library's "auto" strategy); with
   `--devices=D` on CPU, D host devices are forced (`jax_num_cpu_devices`, the
   binaries' `--cpu_devices`) and the clients sharded over them as the binaries do
-  (`pfljax.sharding.ShardedMap`, `shard_algorithm`): D clients at a time, one per core
+  (`pfljax.runtime.sharding.ShardedMap`, `shard_algorithm`): D clients at a time, one per core
   (`--devices=1,2`: a row for each in the same process, the largest count forced);
   `--conv_impl=im2col,auto`: a row per convolution (pfljax.models.conv.IMPLS) in the
   conv cases, their rounds interleaved with each other and the torch round (before/after
@@ -67,7 +67,7 @@ from pfljax.experiment.cli import fail, missing_package, parse_flags
 from pfljax.models import build_model
 from pfljax.models.conv import IMPLS, ONEDNN_MISSING, resolve_impl, runs_here
 from pfljax.models.weights import layer_order
-from pfljax.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
+from pfljax.runtime.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
 
 FLAGS = flags.FLAGS
 # rows: per client (one epoch = rows / batch steps). Sizes are kept small enough

@@ -23,7 +23,7 @@ bench module named:
 - eval_chunk (experiments.bench_eval): one evaluation of PFLlib's FedAvgCNN on the
   `pfllib_fmnist.py:dir` test rows per chunk size (`evaluate_clients(..., chunk=)`);
 - pfllib_dir: FedAvg on `pfllib_fmnist.py:dir`, `--pfllib_seeds` (3) seeds as one program
-  (pfljax.core.replicas, as `--vectorize` runs them): seconds of one jitted round and
+  (pfljax.runtime.replicas, as `--vectorize` runs them): seconds of one jitted round and
   one evaluation (PFLlib evaluates every round), one row per `--pfllib_maps` entry
   "client_map:chunk_size:local_loop" (default auto:0:auto and map:5:while, sorted chunks of 5
   clients, the fastest for several seeds on an H200); goal <= 0.3 s per round (both).
@@ -55,7 +55,6 @@ import jax
 from absl import app, flags
 
 from experiments import bench, bench_eval, bench_sweep, bench_vs_torch, timing
-from pfljax.core import replicas
 from pfljax.core.clients import STRATEGIES
 from pfljax.core.evaluate import EVAL_CHUNK
 from pfljax.core.local import LOOPS
@@ -64,6 +63,7 @@ from pfljax.experiment import base_config
 from pfljax.experiment.cli import fail, parse_flags
 from pfljax.experiment.config import make_data, make_model, prepare, resolve
 from pfljax.experiment.configs import pfllib_fmnist
+from pfljax.runtime import replicas
 
 FLAGS = flags.FLAGS
 # Seconds each case may start new measurements for (one already started runs to its end).

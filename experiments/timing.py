@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pfljax.core.memory import memory_report
+from pfljax.runtime.memory import memory_report
 
 
 def compile_round(alg, data: Any, donate: bool = False) -> dict:

@@ -16,7 +16,6 @@ from pfljax import algorithms as algorithms
 from pfljax import core as core
 from pfljax import data as data
 from pfljax import models as models
-from pfljax import sharding as sharding
 from pfljax.core import aggregate as aggregate
 from pfljax.core import params as params
 from pfljax.core.clients import ClientMap as ClientMap
@@ -43,9 +42,10 @@ from pfljax.data import build_federated_data as build_federated_data
 from pfljax.data import register_source as register_source
 from pfljax.models import Model as Model
 from pfljax.models import build_model as build_model
-from pfljax.sharding import ShardedMap as ShardedMap
-from pfljax.sharding import client_mesh as client_mesh
-from pfljax.sharding import shard_algorithm as shard_algorithm
+from pfljax.runtime import sharding as sharding
+from pfljax.runtime.sharding import ShardedMap as ShardedMap
+from pfljax.runtime.sharding import client_mesh as client_mesh
+from pfljax.runtime.sharding import shard_algorithm as shard_algorithm
 
 get_algorithm = algorithms.get
 for _name in algorithms.available():

@@ -9,9 +9,9 @@ the model names it accepts, each mapped to the model it trains (FedBN: "cnn" ->
 "cnn_bn"; without it any model is used as given), and `RENAMED_OPTIONS: dict[str,
 str]`, old option names -> new ones (refused with a message naming the new one);
 and `HOST_STORAGE_REFUSED`, why its clients cannot live in host memory
-(`pfljax.core.offload`: its round reads or writes rows of clients that do not take
+(`pfljax.runtime.offload`: its round reads or writes rows of clients that do not take
 part, or keeps O(C) state per client): a string, or a function of the build options
-returning one or None (`pfljax.core.offload.refused_when` for one boolean option);
+returning one or None (`refused_when` below, for one boolean option);
 without it, host storage is allowed.
 Every numeric option of `build` has a domain (`pfljax.core.domains.Domain`), declared
 next to the options as `DOMAINS` and given to `@checked(DOMAINS)` on `build`;
@@ -24,6 +24,7 @@ import functools
 import importlib
 import inspect
 import pkgutil
+from collections.abc import Callable
 from types import ModuleType
 
 from pfljax.core.domains import domains_of
@@ -73,6 +74,12 @@ def host_storage_refusal(name: str, options: dict | None = None) -> str | None:
     memory, or None when it can."""
     refused = vars(get(name)).get("HOST_STORAGE_REFUSED")
     return refused(dict(options or {})) if callable(refused) else refused
+
+
+def refused_when(option: str, default: bool, reason: str) -> Callable[[dict], str | None]:
+    """A module's `HOST_STORAGE_REFUSED` function: `reason` when the build option `option`
+    (default `default`) is true, else None (host storage allowed)."""
+    return lambda options: reason if options.get(option, default) else None
 
 
 def supports_privacy(name: str) -> bool:

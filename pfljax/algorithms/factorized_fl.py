@@ -520,7 +520,7 @@ def resolve_match_layer(model: Model, match_layer: str) -> str:
     return match_layer
 
 
-# Why the clients cannot live in host memory (pfljax.core.offload).
+# Why the clients cannot live in host memory (pfljax.runtime.offload).
 HOST_STORAGE_REFUSED = (
     "each client keeps a row of [C, C] similarities (O(C) "
     "state per client) and its round matches every client"

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pfljax.algorithms import refused_when
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, client_key, take
 from pfljax.core.domains import Domain, checked
@@ -44,7 +45,6 @@ from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.layers import last_layers
 from pfljax.core.local import LocalTraining, batch_rows, make_local_train, shuffled_rows
 from pfljax.core.losses import get_loss, masked_mean
-from pfljax.core.offload import refused_when
 from pfljax.core.privacy import ClientDP
 from pfljax.core.round import Participants, check_weighting, federated_round, map_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData

@@ -189,7 +189,7 @@ def evaluate(hp: FedEMHyper, state: FedEMState, data: ClientData, key):
     return hp.client_map(one, jnp.arange(data.test.count.shape[0]))
 
 
-# Why the clients cannot live in host memory (pfljax.core.offload).
+# Why the clients cannot live in host memory (pfljax.runtime.offload).
 HOST_STORAGE_REFUSED = (
     "its round reports every client's mixture weights ([C, M], a trace of all C clients each round)"
 )

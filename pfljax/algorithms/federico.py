@@ -587,7 +587,7 @@ def make_hyper(
     )  # fmt: skip
 
 
-# Why the clients cannot live in host memory (pfljax.core.offload).
+# Why the clients cannot live in host memory (pfljax.runtime.offload).
 HOST_STORAGE_REFUSED = (
     "each client keeps O(C) state ([C, C] likelihoods and posteriors) and trains "
     "on its neighbours' models, rows of clients that do not take part"

@@ -534,7 +534,7 @@ def final_report(state: FedFacState, fed_data, per_client: dict | None = None, k
     return report
 
 
-# Why the clients cannot live in host memory (pfljax.core.offload).
+# Why the clients cannot live in host memory (pfljax.runtime.offload).
 HOST_STORAGE_REFUSED = (
     "it samples among the non-new clients only, and under partial "
     "participation its first round trains every eligible client"

@@ -228,7 +228,7 @@ def collaboration_matrix(state: FedFomoState) -> jax.Array:
     return jnp.where(rounds > 0, state.client_mixing / jnp.maximum(rounds, 1.0), eye)
 
 
-# Why the clients cannot live in host memory (pfljax.core.offload).
+# Why the clients cannot live in host memory (pfljax.runtime.offload).
 HOST_STORAGE_REFUSED = (
     "each client keeps O(C) state ([C, C] affinities) and downloads "
     "other clients' models, rows of clients that do not take part"

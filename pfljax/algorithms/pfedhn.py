@@ -149,7 +149,7 @@ def make_optimizer(lr: float, momentum: float, weight_decay: float, clip_norm: f
     )
 
 
-# Why the clients cannot live in host memory (pfljax.core.offload).
+# Why the clients cannot live in host memory (pfljax.runtime.offload).
 HOST_STORAGE_REFUSED = (
     "its hypernetwork holds one embedding per client in the global state, indexed by client id"
 )

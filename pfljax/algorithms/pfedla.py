@@ -557,7 +557,7 @@ def make_hyper(
     )
 
 
-# Why the clients cannot live in host memory (pfljax.core.offload).
+# Why the clients cannot live in host memory (pfljax.runtime.offload).
 HOST_STORAGE_REFUSED = (
     "its hypernetwork holds one embedding per client and mixes every client's model with [C, C] layer weights"
 )

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from pfljax.algorithms import refused_when
 from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
@@ -39,7 +40,6 @@ from pfljax.core.domains import Domain, checked, known_zero
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import LocalTraining, epoch_orders, run_steps, step_batch
 from pfljax.core.losses import get_loss, masked_mean
-from pfljax.core.offload import refused_when
 from pfljax.core.round import Participants, check_weighting, federated_round, map_clients
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model

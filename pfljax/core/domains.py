@@ -12,7 +12,7 @@ must be ..., got X").
 
 `build` checks what a Python caller passes (ValueError "<option> must be ...,
 got X"), but only concrete values: a traced value (a grid's hyperparameter,
-built inside the vmapped program of `pfljax.core.replicas.replicate_grid`) has
+built inside the vmapped program of `pfljax.runtime.replicas.replicate_grid`) has
 no value to check there; the experiment config checked each grid point.
 
 Non-finite values are outside every domain, except +inf where the domain's high

@@ -68,7 +68,11 @@ def apply_with_head(
         raise ValueError("apply_with_head needs a Model built from a flax module (model.module is None)")
 
     def intercept(next_fun, args, kwargs, context):
-        if context.method_name == "__call__" and context.module.name == head and context.module.parent is not None:
+        if (
+            context.method_name == "__call__"
+            and context.module.name == head
+            and context.module.parent is not None
+        ):
             return head_fn(args[0])
         return next_fun(*args, **kwargs)
 

@@ -128,7 +128,7 @@ def participants(
     """Samples this round's K clients: keys from (key, state.round), ids among the
     eligible clients (all, or `eligible(state, C) -> (ids [n], n)` with n static).
     Of a view (`data.view`: the participants gathered from host memory by
-    `pfljax.core.offload`, sampled there from the same keys) every row takes part:
+    `pfljax.runtime.offload`, sampled there from the same keys) every row takes part:
     `ids` are its rows 0..K-1, `client_ids` the clients' ids, `num_clients` C."""
     num = data.train.count.shape[0]
     if data.view is not None:

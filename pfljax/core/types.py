@@ -118,7 +118,7 @@ class ClientPool:
 @struct.dataclass
 class ClientView:
     """Rows that are some of the C clients: a round's participants gathered from
-    host memory (`pfljax.core.offload`).
+    host memory (`pfljax.runtime.offload`).
 
     Attributes:
       ids: [K] int32 the client id of each row.

@@ -434,7 +434,7 @@ def start(argv: list[str], distributed: Distributed | None, needs: tuple[str, ..
     if distributed is not None and distributed.cpu_devices != 1:
         if distributed.cpu_devices < 1:
             fail(f"--cpu_devices must be an integer >= 1, got {distributed.cpu_devices}")
-        from pfljax.sharding import use_cpu_devices  # pylint: disable=import-outside-toplevel
+        from pfljax.runtime.sharding import use_cpu_devices  # pylint: disable=import-outside-toplevel
 
         use_cpu_devices(distributed.cpu_devices)
     if distributed is not None and distributed.enabled:

@@ -86,7 +86,7 @@ def compare(
       naming it otherwise, before training). The replica state is checkpointed in
       `workdir/<algorithm>/replica_checkpoints` and resumed from there.
     replica_strategy: "vmap", "map" or "auto" (map on CPU): how replicas are
-      mapped inside the program (`pfljax.core.replicas.resolve_strategy`).
+      mapped inside the program (`pfljax.runtime.replicas.resolve_strategy`).
     """
     if not algorithms:
         raise ValueError("algorithms must name at least one algorithm")

@@ -42,7 +42,6 @@ from pfljax.core import privacy
 from pfljax.core.clients import STRATEGIES, ClientMap
 from pfljax.core.domains import Domain
 from pfljax.core.local import LOOPS, LocalTraining
-from pfljax.core.offload import STORAGES
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
 from pfljax.data import FederatedData, build_federated_data
@@ -50,6 +49,7 @@ from pfljax.data.federated import TEST_SPLITS
 from pfljax.data.idx import PIXEL_SCALES
 from pfljax.models import MODELS, Model, build_model
 from pfljax.models.weights import load_variables
+from pfljax.runtime.offload import STORAGES
 
 IDX_DIR = "/usr/share/datasets/fashion-mnist"
 # Arguments every build takes, set from the common fields instead.
@@ -350,7 +350,7 @@ def base_config() -> ml_collections.ConfigDict:
     # Rounds run as one compiled program between host visits (0: auto, up to the next
     # checkpoint or the end, at most MAX_BLOCK_ROUNDS; 1: one dispatch per round).
     config.block_rounds = 0
-    # Where the clients' data and `client_*` state live (pfljax.core.offload): "device",
+    # Where the clients' data and `client_*` state live (pfljax.runtime.offload): "device",
     # or "host" (numpy; each round moves its participants to one device, the next round's
     # prefetched while it runs: device memory follows clients_per_round, not num_clients).
     config.client_storage = "device"
@@ -847,7 +847,7 @@ def make_client_map(config, mesh=None):
     inner = ClientMap(config.client_map, config.chunk_size or None)
     if mesh is None:
         return inner
-    from pfljax.sharding import ShardedMap  # pylint: disable=import-outside-toplevel
+    from pfljax.runtime.sharding import ShardedMap  # pylint: disable=import-outside-toplevel
 
     return ShardedMap(mesh, inner)
 
@@ -906,7 +906,7 @@ class Prepared(NamedTuple):
       fed_data: the federated data.
       model: the client model.
       algorithm: the algorithm (per-client work spread over `mesh`).
-      mesh: the 'clients' device mesh (pfljax.sharding).
+      mesh: the 'clients' device mesh (pfljax.runtime.sharding).
     """
 
     fed_data: FederatedData
@@ -935,7 +935,7 @@ def prepare(config, fed_data: FederatedData | None = None, one_device: bool = Fa
       data that differ from what the config seems to ask for. Nothing is logged
       here: the caller logs them once every check has passed.
     """
-    from pfljax.sharding import client_mesh  # pylint: disable=import-outside-toplevel
+    from pfljax.runtime.sharding import client_mesh  # pylint: disable=import-outside-toplevel
 
     config, notes = resolve(config)
     if fed_data is None:

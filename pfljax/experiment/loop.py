@@ -4,7 +4,7 @@
 `sweep.train_replicas` (R replicas as one program) build a `Program` and call
 `run_loop`. The rounds between two host events (a checkpoint, the end of the
 run, a DP budget stop, at most `config.block_rounds` rounds) run as ONE compiled
-block (`pfljax.core.blocks`), evaluation included where it falls; the host then
+block (`pfljax.runtime.blocks`), evaluation included where it falls; the host then
 writes what the block returns, once per block:
 
     metrics.jsonl / metrics.csv   one row per evaluated round (appended)
@@ -34,11 +34,11 @@ import numpy as np
 from absl import logging
 
 from pfljax.core import privacy
-from pfljax.core.blocks import BlockOut
 from pfljax.core.evaluate import summarize
 from pfljax.experiment import plots
 from pfljax.experiment.config import DIVERGENCE_KNOBS, dp_delta, partition_name
 from pfljax.experiment.outputs import CsvLog, JsonlLog, TensorBoard, jsonable, write_json
+from pfljax.runtime.blocks import BlockOut
 
 BASE_KEYS = ("accuracy", "loss", "count")
 STATUS_COMPLETED, STATUS_DIVERGED = "completed", "diverged"
@@ -55,7 +55,7 @@ class Program(NamedTuple):
     Attributes:
       count: R (1 for one run).
       block_for: length -> the jitted `block(state, data, key, eval_key, schedule)`
-        of `pfljax.core.blocks.make_block` with blocks of that many rounds.
+        of `pfljax.runtime.blocks.make_block` with blocks of that many rounds.
       args: (data, key, eval_key) as placed on the devices.
       take: (host tree, r) -> replica r's part (the identity for one run).
       save: (round, state, hosts) -> None, a checkpoint.

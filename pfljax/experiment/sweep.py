@@ -1,6 +1,6 @@
 """Several runs of one algorithm as one compiled program: `train_replicas(configs, workdirs)`.
 
-The runs (replicas, `pfljax.core.replicas`) differ only by `seed` and by the
+The runs (replicas, `pfljax.runtime.replicas`) differ only by `seed` and by the
 values of grid options (`grid`: the top-level `learning_rate` or a float option
 of the algorithm); they share the federated data, so every config must give the
 same partition (`data_seed` >= 0, or one seed). Each replica writes what
@@ -28,8 +28,6 @@ import jax.numpy as jnp
 from absl import logging
 
 from pfljax import algorithms
-from pfljax.core import replicas as R
-from pfljax.core.blocks import all_finite, make_block
 from pfljax.experiment.checkpoint import Checkpoints, check_config
 from pfljax.experiment.config import (
     ConfigError,
@@ -42,6 +40,8 @@ from pfljax.experiment.config import (
 )
 from pfljax.experiment.loop import Program, Replica, compile_block, finish, new_host, run_loop, write_summary
 from pfljax.experiment.train import EVAL_STREAM, check_workdir, eval_key, write_run_files
+from pfljax.runtime import replicas as R
+from pfljax.runtime.blocks import all_finite, make_block
 
 TOP_LEVEL = ("learning_rate",)  # top-level fields a grid may vary (they enter through make_local)
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints")
@@ -63,7 +63,7 @@ def grid_target(config, option: str) -> str:
     Any scalar option with a declared domain (`pfljax.algorithms.domains`) may be a
     grid's. As one program (`train_replicas`) only float options can vary: an
     integer option is refused there (`make_build`), and whether a float option's
-    build path traces is tried (`pfljax.core.replicas.check_varying`).
+    build path traces is tried (`pfljax.runtime.replicas.check_varying`).
     """
     if option in TOP_LEVEL:
         return ""
@@ -173,7 +173,7 @@ def train_replicas(
       memory_limit: bytes available (default: the device's, see replicas.device_memory_bytes).
       dry_run: only the checks (nothing trained or written); returns None.
       strategy: how the replicas are mapped ("vmap", "map" or "auto": map on CPU,
-        see `pfljax.core.replicas.resolve_strategy`).
+        see `pfljax.runtime.replicas.resolve_strategy`).
 
     Raises:
       ConfigError: before training, for configs that cannot run as one program

@@ -3,7 +3,7 @@
 Builds the run's `Program` (its algorithm sharded over the devices, blocks of
 rounds compiled ahead of time and run under `jax.transfer_guard("disallow")`;
 with `client_storage="host"`, `host_program`: the clients in host memory and
-each round's participants moved to one device, pfljax.core.offload) and hands
+each round's participants moved to one device, pfljax.runtime.offload) and hands
 it to the one run loop, `pfljax.experiment.loop.run_loop`, which evaluates
 every `eval_every` rounds and at the last, writes the outputs as the run goes,
 and checkpoints (orbax) every `checkpoint_every` rounds and at the
@@ -22,9 +22,6 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pfljax.core.blocks import all_finite, make_block
-from pfljax.core.memory import check_fits, host_memory_report, memory_report
-from pfljax.core.offload import HostBlock, Offload, gather_data
 from pfljax.experiment import plots
 from pfljax.experiment.checkpoint import Checkpoints, check_config
 from pfljax.experiment.config import ConfigError, prepare, to_plain
@@ -44,7 +41,10 @@ from pfljax.experiment.loop import (  # noqa: F401  (re-exported: compare, parti
     write_summary,
 )
 from pfljax.experiment.outputs import read_json, write_json
-from pfljax.sharding import shard_algorithm, state_shardings
+from pfljax.runtime.blocks import all_finite, make_block
+from pfljax.runtime.memory import check_fits, host_memory_report, memory_report
+from pfljax.runtime.offload import HostBlock, Offload, gather_data
+from pfljax.runtime.sharding import shard_algorithm, state_shardings
 
 MEMORY_HINT = (
     "lower --config.num_clients or --config.samples_per_client, pick a smaller --config.model, "
@@ -174,7 +174,7 @@ def single_program(prep, run, ckpts, plain, run_key, state) -> Program:
 
 
 def host_program(prep, ckpts, plain, run_key, state) -> tuple[Program, object, Offload]:
-    """The Program of one run with its clients in host memory (pfljax.core.offload):
+    """The Program of one run with its clients in host memory (pfljax.runtime.offload):
     blocks of rounds, one dispatch a round. Returns (Program, HostState, Offload)."""
     config = prep.config
     offload = Offload(prep.algorithm, prep.fed_data.data, config.clients_per_round or None, state)

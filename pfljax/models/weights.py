@@ -22,9 +22,15 @@ from collections.abc import Mapping
 
 import jax
 import numpy as np
+from flax.traverse_util import flatten_dict
 
-from pfljax.core.params import flat
 from pfljax.models.base import Model, Variables
+
+
+def flat(variables: Variables) -> dict:
+    """{'params/head/kernel': leaf} of a variables dict, in tree-flatten (sorted key) order."""
+    return {"/".join(path): leaf for path, leaf in sorted(flatten_dict(variables).items())}
+
 
 LAYER_KINDS = {"conv": 0, "hidden": 1, "dense": 1, "head": 2}
 

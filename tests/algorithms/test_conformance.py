@@ -11,7 +11,7 @@ take part per round, 2 local steps:
 - collaboration_matrix (rows sum to 1) and final_report, where present;
 - the jitted round traces once over 3 rounds;
 - the same seed gives the same state bit for bit;
-- a block of rounds compiled as one program (`pfljax.core.blocks`, the run loop's)
+- a block of rounds compiled as one program (`pfljax.runtime.blocks`, the run loop's)
   equals one jitted round at a time, state, metrics and evaluation bit for bit;
 - the data layouts and local loops give the same numbers: a ClientPool of uint8
   codes equals padded float arrays of the same values, and the "while" loop
@@ -31,10 +31,10 @@ import optax
 import pytest
 
 from pfljax import algorithms
-from pfljax.core.blocks import all_finite, make_block
 from pfljax.core.clients import python_loop_map
 from pfljax.core.local import LocalTraining
 from pfljax.models import build_model
+from pfljax.runtime.blocks import all_finite, make_block
 from tests.algorithms.fast_compile import EXACT, fast_compile  # noqa: F401  (autouse)
 from tests.toydata import toy_data, toy_federated, toy_pool_data
 

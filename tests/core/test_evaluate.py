@@ -4,7 +4,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pfljax.core import replicas
 from pfljax.core.clients import ClientMap, python_loop_map, take
 from pfljax.core.evaluate import (
     evaluate_client,
@@ -14,6 +13,7 @@ from pfljax.core.evaluate import (
     summarize,
 )
 from pfljax.core.types import ClientArrays
+from pfljax.runtime import replicas
 from tests.toydata import toy_pool
 
 CHUNK = 8

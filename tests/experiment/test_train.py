@@ -235,7 +235,7 @@ def test_memory_report_in_summary_and_a_run_that_cannot_fit_is_refused(tmp_path,
     assert memory["num_clients"] == 6 and memory["data_bytes"] > 0 and memory["max_clients"] >= 6
     assert memory["estimated_bytes"] <= memory["available_bytes"]
     # 1 kB of memory: refused before the first round, naming what to change.
-    monkeypatch.setattr("pfljax.core.memory.device_memory_bytes", lambda device=None: 1000)
+    monkeypatch.setattr("pfljax.runtime.memory.device_memory_bytes", lambda device=None: 1000)
     workdir = tmp_path / "small"
     with pytest.raises(ConfigError, match=r"MiB are available.*--config.num_clients"):
         train_and_evaluate(tiny_config(base_config(), rounds=1), str(workdir))

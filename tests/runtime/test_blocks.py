@@ -1,4 +1,4 @@
-"""Blocks of rounds (`pfljax.core.blocks`): skipped rounds, evaluation where it falls,
+"""Blocks of rounds (`pfljax.runtime.blocks`): skipped rounds, evaluation where it falls,
 divergence kept at the last good round, per replica."""
 
 import chex
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pfljax.core.blocks import all_finite, keep_where, make_block
+from pfljax.runtime.blocks import all_finite, keep_where, make_block
 
 
 def toy_round(state, data, key):

@@ -1,4 +1,4 @@
-"""Clients in host memory (pfljax.core.offload): the same numbers as on the device.
+"""Clients in host memory (pfljax.runtime.offload): the same numbers as on the device.
 
 Every algorithm that allows host storage runs 3 rounds with 2 evaluations with its
 clients in host memory (a block, `Offload.block`) and on the device (one jitted
@@ -19,11 +19,11 @@ import pytest
 from pfljax import algorithms
 from pfljax.core.clients import round_keys
 from pfljax.core.local import LocalTraining
-from pfljax.core.memory import host_memory_report
-from pfljax.core.offload import Offload, gather_data
 from pfljax.core.privacy import ClientDP
 from pfljax.core.sampling import FLOYD_MIN_CLIENTS, floyd_sample, sample_clients
 from pfljax.models import build_model
+from pfljax.runtime.memory import host_memory_report
+from pfljax.runtime.offload import Offload, gather_data
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
 from tests.toydata import toy_pool_data
 

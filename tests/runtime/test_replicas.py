@@ -8,9 +8,9 @@ import optax
 import pytest
 
 from pfljax.algorithms import ditto, fedavg, fedprox, pfedla, scaffold
-from pfljax.core import replicas
 from pfljax.core.local import LocalTraining
 from pfljax.models import build_model
+from pfljax.runtime import replicas
 from tests.toydata import toy_data
 
 COUNTS = (12, 7, 20, 3, 9, 15)

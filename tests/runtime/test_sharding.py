@@ -16,7 +16,7 @@ import pytest
 from pfljax.algorithms import fedavg
 from pfljax.core.local import LocalTraining
 from pfljax.models import build_model
-from pfljax.sharding import (
+from pfljax.runtime.sharding import (
     ShardedMap,
     client_mesh,
     map_client_leaves,
@@ -29,7 +29,8 @@ from pfljax.sharding import (
 )
 from tests.toydata import toy_data, toy_pool_data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 # Algorithms the 4-device test runs; PFLJAX_SHARDING_ALGORITHMS=all runs every one.
 DEFAULT_ALGORITHMS = "fedavg,local"
 TIMING_KEYS = (
@@ -107,7 +108,7 @@ def test_four_devices_equal_one_device():
     )
     env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tests", "multidevice_worker.py"), *names.split(",")],
+        [sys.executable, os.path.join(HERE, "multidevice_worker.py"), *names.split(",")],
         capture_output=True,
         text=True,
         env=env,

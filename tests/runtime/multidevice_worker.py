@@ -1,4 +1,4 @@
-"""Run by tests/test_sharding.py in a subprocess with 4 forced host devices.
+"""Run by tests/runtime/test_sharding.py in a subprocess with 4 forced host devices.
 
 For each algorithm named on the command line: the same tiny experiment with
 the client axis sharded over 1 and over 4 devices (6 clients -> padded to 8,

@@ -6,9 +6,9 @@ import pytest
 
 from pfljax.algorithms import local
 from pfljax.core.local import LocalTraining
-from pfljax.core.memory import ROUND_STATE_COPIES, check_fits, max_clients, memory_report
 from pfljax.core.params import tree_bytes
 from pfljax.models import build_model
+from pfljax.runtime.memory import ROUND_STATE_COPIES, check_fits, max_clients, memory_report
 from tests.toydata import toy_pool_data
 
 COUNTS = (9, 5, 12, 3)
