@@ -10,7 +10,7 @@ and optimizer (Adam), interleaved (median of --repeats, after compilation;
 (d=100, 200 hidden units, 2 classes, 400 rows per client, batch 32). FedeRiCo
 computes C * (n + 1) (client, model) gradients per step where FedAvg computes C,
 so its round should cost about (n + 1) times FedAvg's; `over_fedavg` is the
-ratio, against the target TARGET (issue 28, n = 3 at C = 100). --donate donates
+ratio, against the target TARGET (n = 3 at C = 100). --donate donates
 the state to the round as `pfljax.experiment.train` does.
 
 Memory: the per-pair gradients [C * (n + 1), ...] (and, with --strategies=vmap,
@@ -45,7 +45,7 @@ flags.DEFINE_integer("rows", 400, "training rows per client")
 flags.DEFINE_list("strategies", ["auto"], "client-mapping strategies: auto, vmap, map")
 flags.DEFINE_integer("repeats", 5, "timed rounds of each algorithm, interleaved (median reported)")
 flags.DEFINE_bool("donate", False, "donate the state to the round (as training does)")
-TARGET = 5.0  # FedeRiCo over FedAvg at C = 100, n = 3 (issue 28)
+TARGET = 5.0  # FedeRiCo over FedAvg at C = 100, n = 3
 
 
 def make_data(num_clients: int, rows: int, dim: int = 100, classes: int = 2) -> ClientData:

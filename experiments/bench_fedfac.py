@@ -9,7 +9,7 @@ and split layer it times one jitted FedFac round (dynamic mode: a factor
 analysis every round, the costly case; and static) against one jitted FedAvg
 round, alternating the two so that load changes hit both, and prints the best
 wall time and the best CPU time (all threads of the process) of each, and their
-ratios (the issue's target: <= 1.15). On a shared machine the CPU ratio is the
+ratios (target: <= 1.15). On a shared machine the CPU ratio is the
 steadier figure.
 
 OPENBLAS_NUM_THREADS defaults to 1: the factor analysis' eigh runs through

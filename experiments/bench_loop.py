@@ -10,7 +10,7 @@ case; summary rows carry their target and whether it is met.
   the test rows of PFLlib's Dirichlet(0.1) Fashion-MNIST split
   (`pfllib_fmnist.py:dir`: 20 clients, 17,498 rows, the largest 2,138) and of an
   IID split of the same rows (20 equal clients), per client map of --eval_maps.
-  "before" is the evaluation until issue 26 (every client on an n_max-row window,
+  "before" is the evaluation before commit bbd979f (every client on an n_max-row window,
   masked: `padded_evaluate_clients` here), "after" the library's
   (`pfljax.core.evaluate.evaluate_clients`: each client's real rows). Target:
   after, Dirichlet / IID <= 1.25; the per-client scores of before and after agree.
@@ -84,7 +84,7 @@ def interleaved_medians(fns: dict, args: dict, repeats: int) -> tuple[dict, dict
 
 
 def padded_evaluate_clients(apply_fn, variables_of, test, client_map, loss="cross_entropy") -> dict:
-    """The evaluation before issue 26: every client on an n_max-row window of the test
+    """The evaluation before commit bbd979f: every client on an n_max-row window of the test
     rows, in EVAL_CHUNK-row passes, rows past its count masked."""
 
     def one(c):

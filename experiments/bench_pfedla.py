@@ -6,7 +6,7 @@
 For each case (model, C clients, K per round) it times one jitted round of FedAvg
 and of pFedLA (same local training, same data shapes, random data), interleaved
 (median of --repeats; `timing.compare_rounds`), and prints seconds per round, their
-ratio `over_fedavg` against the target TARGET (issue 28, at C = 100), the bytes of the
+ratio `over_fedavg` against the target TARGET (at C = 100), the bytes of the
 stacked hypernetworks and their optimizer state ([C, ...] in the state), the bytes of
 all C client models pFedLA keeps, and XLA's temp-buffer size of each compiled round (memory_analysis).
 --donate donates the state to the round as `pfljax.experiment.train` does (the
@@ -14,7 +14,7 @@ participants' rows of the [C, ...] state are then written in place).
 --baseline: another version of pfljax/algorithms/pfedla.py (e.g. `git show
 REV:pfljax/algorithms/pfedla.py > /tmp/pfedla_before.py`), timed in the same interleaving
 (`baseline_s`, `baseline_over_fedavg`): before/after figures from one process. The file
-runs against today's pfljax.core: a version from before `hypernet.generated_step` passed
+runs against the checked-out pfljax.core: a version from before `hypernet.generated_step` passed
 the starts to `server_update` (a460bea) needs that argument added to its server_update.
 """
 
@@ -44,7 +44,7 @@ flags.DEFINE_bool("json", False, "print one JSON object per line (else a readabl
 flags.DEFINE_bool("donate", False, "donate the state to the round (as training does)")
 flags.DEFINE_string("client_map", "auto", "client-mapping strategy")
 flags.DEFINE_string("baseline", None, "path of another pfedla.py to time alongside (before/after)")
-TARGET = 1.5  # pFedLA over FedAvg at C = 100 (issue 28)
+TARGET = 1.5  # pFedLA over FedAvg at C = 100
 
 CASES = {
     # name: (model, kwargs, C, K, rows per client, local epochs)

@@ -15,7 +15,7 @@ seconds per round for:
   sharded axis runs the devices one after another).
 
 Forced host devices share the machine's cores. With one device per core they
-run clients side by side: on the 2-core CPU (2026-11-26, under load) `--devices=2
+run clients side by side: on a 2-core CPU (under load) `--devices=2
 --cases=cnn --clients=10` gave 2.75 s a round sharded against 4.27 s on one
 device; the CNN gains, the MLP loses (BUILD.md, "Several devices, several hosts").
 """

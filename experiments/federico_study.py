@@ -14,7 +14,7 @@ data distributions (`--group_assignment`, default "random_nonempty": the
 paper's random draw of each client's distribution -- its Fig. 3 has "client 0
 alone in distribution 0, in this particular random split" -- redrawn until all
 G distributions have a client, so that a "G distributions" row has G; "random"
-is the plain draw, "balanced" the earlier contiguous groups). Data-scarce
+is the plain draw, "balanced" the default contiguous groups). Data-scarce
 (`samples_per_client` of each client's share, 80/20 train/test). Schemes:
 
 - "groups": disjoint label sets, one per distribution (K // G classes each; the

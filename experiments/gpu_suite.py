@@ -1,4 +1,4 @@
-"""The GPU measurements of issue 28 in one command, under 9 minutes on a bare GPU machine.
+"""The GPU measurements (CASES below) in one command, under 9 minutes on a bare GPU machine.
 
     python -m experiments.gpu_suite [--out=gpu_suite.jsonl] [--cases=bench,vs_torch,...] [--smoke]
 
@@ -32,15 +32,17 @@ bench module named:
 simulation data instead of Fashion-MNIST): the whole suite runs on a CPU in seconds
 (tests/test_gpu_suite.py).
 
-On the lent GPU (no network there; /work/shared/GPU.md): once, in the repository root,
+On a GPU machine without network access: once, on a machine with network, in the
+repository root,
     echo /.whl/ >> .git/info/exclude; echo /.gpudata/ >> .git/info/exclude
     pip download --no-deps -d .whl ml_collections tensorboardX dp-accounting
     cp -r /usr/share/datasets/fashion-mnist .gpudata/
-then one `run` call carrying [".whl", ".gpudata"] (timeout 600 s):
+then, with the repository copied to the GPU machine together with .whl and .gpudata, one
+command (under 10 minutes):
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl;
     export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false;
     mkdir -p /usr/share/datasets && cp -r .gpudata/fashion-mnist /usr/share/datasets/;
-    python3 -m experiments.gpu_suite --out=$OUT/gpu_suite.jsonl
+    python3 -m experiments.gpu_suite --out=gpu_suite.jsonl
 """
 
 from __future__ import annotations

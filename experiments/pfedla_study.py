@@ -1,5 +1,5 @@
 """pFedLA studies on Fashion-MNIST: learned weights vs label overlap, label conflict, and
-the comparison with Local / FedAvg / FedAvg+ (numbers for the issue-6 note).
+the comparison with Local / FedAvg / FedAvg+.
 
     python -m experiments.pfedla_study --study=overlap [--rounds=40]
     python -m experiments.pfedla_study --study=conflict

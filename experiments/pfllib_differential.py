@@ -1,4 +1,4 @@
-"""PFLlib's own FedAvg / FedPer / Ditto against pfljax's PFLlib mode (issue 27, part 2).
+"""PFLlib's own FedAvg / FedPer / Ditto against pfljax's PFLlib mode.
 
 Reads what the two sides wrote and prints the Markdown tables of
 experiments/results/pfllib_differential.md; draws the per-round curves (PNG).

@@ -13,7 +13,7 @@ stopped; the rounds it logged stay in its metrics.jsonl, so the table reports
 the rounds each method reached, and the accuracies at the last round that every
 method reached with every seed ("common round"), so rows compare like with like.
 
-Resumable across short windows (e.g. 10-minute GPU leases): each run checkpoints its
+Resumable (e.g. a run cut by a time limit): each run checkpoints its
 replica state every `--checkpoint_every` rounds, and running the same command again
 into the same workdir resumes every unfinished method from its last checkpoint (the
 rounds logged after it are run again); methods already completed are skipped. Each

@@ -166,7 +166,7 @@ def test_forward_flops_by_hand():
     assert forward_flops("cnn", cnn) == 2 * (230400 + 819200 + 51200 + 1000)
     mlp = dict(model="mlp", input_shape=(100,), classes=2, kwargs={"hidden": (200,)})
     assert forward_flops("mlp", mlp) == 2 * (100 * 200 + 200 * 2)
-    # The CNN of the reference torch loop ('SAME' 5x5, dense 128): about 6 MFLOP forward.
+    # The CNN of the reference torch loop ('SAME' 5x5, dense 128): about 6 MFLOP forward.
     ref = dict(model="cnn", input_shape=(28, 28, 1), classes=10, kwargs={"padding": "SAME", "dense": (128,)})
     assert forward_flops("refcnn", ref) == 2 * (313600 + 2508800 + 200704 + 1280)
     # The char LSTM, per position: 4 x 256 x (8 + 256) + 4 x 256 x (256 + 256) + 256 x 80, x 80 positions.

@@ -3,7 +3,7 @@
 Sui, Wen, Lau, Ross & Cresswell, "Find Your Friends: Personalized Federated
 Learning with the Right Collaborators", NeurIPS 2022 Workshop on Federated
 Learning (arXiv 2210.06597). No released code was found, so this module follows
-the paper's method as specified in issue 7.
+the paper's text.
 
 There is no central model. Client i owns a model theta_i and a posterior w_i
 [C] over the C clients' models (which models explain its data). Each round,

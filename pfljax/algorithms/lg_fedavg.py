@@ -8,7 +8,7 @@ layers local.
 
 Paper vs code: the released code counts the other way, `num_layers_keep` =
 number of last layers kept global (MNIST MLP: 3, CIFAR CNN: 2); here
-`local_layers` = total layers - num_layers_keep, as the issue states the method.
+`local_layers` = total layers - num_layers_keep, the number of first layers kept local.
 The released code also starts LG-FedAvg from a FedAvg-trained model
 (`--load_fed`); pass that model as `params_template` to `init` to do the same.
 """

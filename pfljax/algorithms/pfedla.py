@@ -55,8 +55,9 @@ port, differs or the paper is silent:
   start: max |alpha - alpha_init| 0.003 after 40 rounds (0.010 after 200),
   Spearman with label overlap -0.04, accuracy that of FedAvg (76.5 vs 76.5); the
   same with the public code's CNN sizes on an H100 (weights within [0.074,
-  0.125] for 36 rounds), and in the public code itself (issue 14). SGD at 0.5 moves them at
-  local lr 0.05 (mean move 0.058, Spearman 0.58) but barely at local lr 0.01
+  0.125] for 36 rounds), and in the public code itself (a reported run of it, not
+  repeated here: REPRODUCTION.md). SGD at 0.5 moves them at local lr 0.05 (mean
+  move 0.058, Spearman 0.58) but barely at local lr 0.01
   (0.009) and collapses to Local training at 5 local epochs (mean self-weight
   0.82). Adam's step does not scale with |g|: at 1e-3 the mean move after 40
   rounds is 0.030-0.033 and the Spearman 0.66-0.71 at all three local scales.

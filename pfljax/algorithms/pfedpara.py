@@ -5,7 +5,7 @@ Every layer's weight is W = W1 o (W2 + 1) with W1 = X1 Y1^T and W2 = X2 Y2^T
 low-rank (`pfljax.models.lowrank`): the first pair (X1, Y1) is global,
 averaged with FedAvg; the second pair (X2, Y2) is personal, never sent. So a
 round sends about half of an already compressed model. The form
-W = W1 o W2 (model kwarg `form="fedpara"`, the issue's wording) is an option.
+W = W1 o W2 (model kwarg `form="fedpara"`) is an option.
 
 Paper vs code: the paper names only the two pairs; biases are global here
 (`local_bias=True` keeps them personal, as the Flower reimplementation in

@@ -87,7 +87,7 @@ def assign_groups(
       one client (i.e. conditioned on that; needs G <= C).
     * "balanced": g = floor(c * G / C) (`client_groups`), contiguous groups of
       near-equal size; draws nothing from `rng`. Not in the paper; the
-      builder's earlier (and still default) behaviour.
+      builder's default.
 
     Args:
       num_clients: C >= 1.

@@ -311,7 +311,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.num_groups = 2
     config.group_relabel = True
     # partition=groups: which client gets which group; "balanced" (client c in group
-    # floor(c G / C), the earlier split), "random" or "random_nonempty" (seeded, FedeRiCo's paper).
+    # floor(c G / C), the default split), "random" or "random_nonempty" (seeded, FedeRiCo's paper).
     config.group_assignment = "balanced"
     config.permute_labels = "none"
     config.samples_per_client = 1000 if fmnist else 0  # 0: no cap

@@ -4,7 +4,8 @@ On CPU, `conv_impl="auto"` is "onednn": oneDNN's convolutions (what PyTorch's CP
 convolutions call) as XLA FFI custom calls, compiled on first use where a C++
 compiler and oneDNN's headers are installed (`pfljax.models.onednn`); a FedAvg
 round of the CNNs 1.06-1.67x and of ResNet-9 1.4x faster than with im2col_nn
-(`python -m experiments.bench_vs_torch --conv_impl=im2col_nn,auto`, stop 41).
+(`python -m experiments.bench_vs_torch --conv_impl=im2col_nn,auto`,
+experiments/results/bench_vs_torch.md).
 Without them, "auto" is "im2col_nn" on CPU.
 
 A convolution written as im2col (shifted slices concatenated on the channel

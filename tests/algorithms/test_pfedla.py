@@ -484,8 +484,8 @@ def test_bad_arguments(kwargs, match):
 
 # Fashion-MNIST runs. These two tests keep plain SGD on the hypernetwork, with its
 # rate raised from the public code's 5e-3 to 0.5: with one local epoch of a small MLP
-# over 15-20 rounds, 5e-3 leaves every weight within 0.003 of uniform (issue-6 note,
-# experiments/results/pfedla_fmnist_sweep.md). The default (Adam 1e-3) has its own test.
+# over 15-20 rounds, 5e-3 leaves every weight within 0.003 of uniform
+# (experiments/results/pfedla_fmnist_sweep.md). The default (Adam 1e-3) has its own test.
 FM_SPEC = LocalTraining(optax.sgd(0.05), batch_size=32, epochs=1, steps=None)
 FM_HN = dict(hn_optimizer="sgd", hn_lr=0.5)
 

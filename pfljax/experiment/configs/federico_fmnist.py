@@ -12,7 +12,7 @@ The argument is "<scheme>_<G>[,small]", scheme one of SCHEMES, G in 2..4:
   paper's Fig. 3 has "client 0 alone in distribution 0, in this particular
   random split"), disjoint label sets, source labels kept (group_relabel=False).
   (config field `group_assignment`); the default argument;
-- groups_G: the earlier split, kept as it was: client c in group floor(c * G / 8)
+- groups_G: the builder's default split: client c in group floor(c * G / 8)
   (balanced), each group's K // G classes relabelled 0..K//G-1
   (partition="groups", group_relabel=True; not in the paper);
 - permuted_G: IID partition with the labels permuted per group, client c in
@@ -63,7 +63,7 @@ def get_config(arg: str = "paper_2") -> ml_collections.ConfigDict:
     else:
         config.partition, config.permute_labels = "iid", "group"
     if scheme != "paper":
-        config.group_assignment = "balanced"  # the earlier contiguous groups
+        config.group_assignment = "balanced"  # the default contiguous groups
     config.samples_per_client = 900
     config.test_fraction = 0.2
     config.rounds = 50

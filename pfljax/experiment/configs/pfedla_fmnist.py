@@ -24,8 +24,8 @@ library CNN with those sizes, which also pools after the third conv (its first D
 sees 3x3x128 inputs instead of 7x7x128). Too slow for a 2-core CPU at full size: use
 ",small" there, or a GPU.
 
-",paper": the schedule the paper's text gives instead of the scripts' (as summarised
-in issue 14; the scripts' values where the text gives none): 600 rounds with 10
+",paper": the schedule the paper's text gives instead of the scripts' (the
+scripts' values where the text gives none): 600 rounds with 10
 clients and 2500 with 100 clients, SGD lr 0.005 (the text's value for FMNIST and
 EMNIST), 20 local epochs with 100 clients and 10 (the scripts') with 10 clients,
 batch 32; data, split and model as above. The text gives no hypernetwork learning
