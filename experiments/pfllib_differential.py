@@ -1,4 +1,4 @@
-"""PFLlib's own FedAvg / FedPer / Ditto against pfljax's PFLlib mode.
+"""PFLlib's own FedAvg, FedPer, Ditto, FedDBE, FedCP and GPFL against pfljax's PFLlib mode.
 
 Reads what the two sides wrote and prints the Markdown tables of
 experiments/results/pfllib_differential.md; draws the per-round curves (PNG).
@@ -8,8 +8,10 @@ experiments/results/pfllib_differential.md; draws the per-round curves (PNG).
         --png=experiments/results/pfllib_differential.png
 
 PFLlib side: the stdout of `system/main.py` per run, `<pfllib_logs>/pfllib_<Algo>_seed<s>.log`.
-Its server prints, per evaluation, "Evaluate global model(s)" or "Evaluate personalized
-models" then "Averaged Test Accuracy: a", and per round "time cost ... t" (its Budget,
+Its server prints, per evaluation, "Evaluate global model(s)" or another "Evaluate ..."
+line of the personalized models ("Evaluate personalized models"; FedDBE's "Evaluate model",
+FedCP's "Evaluate before local training", GPFL's "Evaluate performance") then "Averaged Test
+Accuracy: a", and per round "time cost ... t" (FedCP: a rule of dashes, then t; its Budget,
 evaluation included). Ditto prints both (its rs_test_acc, and so its reported best,
 interleaves global and personal accuracies); the personal ones are what pfljax's Ditto
 evaluates, so they are the curve compared here. PFLlib evaluates at the start of rounds
@@ -36,8 +38,17 @@ from absl import app, flags
 
 from pfljax.experiment.cli import parse_flags
 
-METHODS = {"FedAvg": "fedavg", "FedPer": "fedper", "Ditto": "ditto"}
-CURVE = {"FedAvg": "global", "FedPer": "personal", "Ditto": "personal"}
+METHODS = {
+    "FedAvg": "fedavg",
+    "FedPer": "fedper",
+    "Ditto": "ditto",
+    "FedDBE": "feddbe",
+    "FedCP": "fedcp",
+    "GPFL": "gpfl",
+}
+CURVE = {m: "global" if m == "FedAvg" else "personal" for m in METHODS}
+# The seconds of a round: "time cost ... t" (most servers), a rule of dashes then t (FedCP's).
+ROUND_SECONDS = re.compile(r"time cost -+ ([0-9.]+)|^-{25,} ([0-9.]+)$")
 
 _LOGS = flags.DEFINE_string("pfllib_logs", "/work/pfllib_run/logs", "directory of pfllib_<Algo>_seed<s>.log")
 _PFLJAX = flags.DEFINE_multi_string("pfljax", [], "LABEL=compare workdir (repeatable)")
@@ -55,14 +66,14 @@ def parse_pfllib_log(path: str) -> dict:
         for line in f:
             if line.startswith("Evaluate global model"):
                 kind = "global"
-            elif line.startswith("Evaluate personalized models"):
+            elif line.startswith("Evaluate"):  # personalized models, by each server's own words
                 kind = "personal"
             elif m := re.match(r"Averaged Test Accuracy: ([0-9.]+)", line):
                 out[kind].append(float(m.group(1)))
             elif m := re.match(r"Averaged Train Loss: ([0-9.]+)", line):
                 out["train_loss"].append(float(m.group(1)))
-            elif m := re.search(r"time cost -+ ([0-9.]+)", line):
-                out["seconds"].append(float(m.group(1)))
+            elif m := ROUND_SECONDS.search(line.strip()):
+                out["seconds"].append(float(m.group(1) or m.group(2)))
     return out
 
 

@@ -46,3 +46,20 @@ def test_round_table_pairs_pfllib_evaluation_r_with_pfljax_round_r(tmp_path):
     assert "| 1 | 1.900 +- 0.000 | 1.900 +- 0.000 | +nan |" in out, out
     # Best over rounds 1..2: PFLlib 60 +- 10 (0.5 and 0.7), pfljax 60 +- 0.
     assert "| FedAvg | PFLlib | 2 | 2 | 40.00 +- 10.00 | 60.00 +- 10.00 |  |" in out, out
+
+
+def test_fedcp_log_personal_accuracy_and_its_dashed_round_seconds(tmp_path):
+    from experiments.pfllib_differential import parse_pfllib_log
+
+    text = (
+        "-------------Round number: 0-------------\n\nEvaluate before local training\n"
+        "Averaged Test Accuracy: 0.0584\nAveraged Test AUC: 0.5\n"
+        + "-" * 50 + " 93.25\n"
+        "-------------Round number: 1-------------\n\nEvaluate before local training\n"
+        "Averaged Test Accuracy: 0.7012\n"
+    )  # fmt: skip
+    path = tmp_path / "pfllib_FedCP_seed0.log"
+    path.write_text(text)
+    out = parse_pfllib_log(str(path))
+    assert out["personal"] == [0.0584, 0.7012] and out["global"] == []
+    assert out["seconds"] == [93.25]
