@@ -77,7 +77,7 @@ from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import evaluate_clients
-from pfljax.core.local import LocalTraining, epoch_order, epoch_orders, next_batch, run_steps, step_batch
+from pfljax.core.local import LocalTraining, epoch_orders, first_order, local_batch, run_steps
 from pfljax.core.losses import Loss, get_loss, masked_mean
 from pfljax.core.round import Participants, federated_round, map_clients
 from pfljax.core.types import Algorithm, ClientData
@@ -174,10 +174,7 @@ def local_train(hp: APPLEHyper, cores: Any, cid, core_vars: Any, p, p0, lam, dat
 
     def step(carry, s):
         params, rest, opt_state, p, order = carry
-        if orders is None:
-            order, rows, weights, active = next_batch(spec, key, s, data.count, n_max, order)
-        else:
-            rows, weights, active = step_batch(spec, key, s, data.count, n_max, orders)
+        order, rows, weights, active = local_batch(spec, key, s, data.count, n_max, orders, order)
         xb, yb = data.x[rows], data.y[rows]
         delta = jax.tree.map(jnp.subtract, params, own0)
         w = jax.tree.map(lambda m, d: m + p[cid] * d, personalized_params(p, stored), delta)
@@ -194,7 +191,7 @@ def local_train(hp: APPLEHyper, cores: Any, cid, core_vars: Any, p, p0, lam, dat
         kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, (params, rest, opt_state, p))
         return (*kept, order), loss, active
 
-    order0 = epoch_order(key, 0, data.count, n_max, spec.batch_size) if orders is None else jnp.int32(0)
+    order0 = first_order(spec, key, data.count, n_max, orders)
     (params, rest, _, p, _), mean_loss = run_steps(
         spec, data.count, n_max, step, (params, rest, opt_state, p, order0)
     )

@@ -72,15 +72,7 @@ from pfljax.core.clients import ClientMap, as_client_map, take
 from pfljax.core.domains import Domain, checked, known_zero
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.heads import apply_with_head, dense, feature_dim, linear_head
-from pfljax.core.local import (
-    LocalTraining,
-    epoch_order,
-    epoch_orders,
-    next_batch,
-    own_steps,
-    run_steps,
-    step_batch,
-)
+from pfljax.core.local import LocalTraining, epoch_orders, first_order, local_batch, own_steps, run_steps
 from pfljax.core.losses import Loss, get_loss, masked_mean
 from pfljax.core.privacy import ClientDP
 from pfljax.core.round import (
@@ -177,10 +169,7 @@ def local_train(hp: FedDBEHyper, dbe: bool, variables, prbm, global_mean, data, 
 
     def step(carry, s):
         params, rest, opt_state, running, order = carry
-        if orders is None:
-            order, rows, weights, active = next_batch(spec, key, s, data.count, n_max, order)
-        else:
-            rows, weights, active = step_batch(spec, key, s, data.count, n_max, orders)
+        order, rows, weights, active = local_batch(spec, key, s, data.count, n_max, orders, order)
         xb, yb = data.x[rows], data.y[rows]
         grads, (loss, new_running, updates) = grad_fn(params, rest, running, global_mean, xb, yb, weights)
         upd, new_opt = spec.optimizer.update(grads, opt_state, params)
@@ -188,7 +177,7 @@ def local_train(hp: FedDBEHyper, dbe: bool, variables, prbm, global_mean, data, 
         kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, (params, rest, opt_state, running))
         return (*kept, order), loss, active
 
-    order0 = epoch_order(key, 0, data.count, n_max, spec.batch_size) if orders is None else jnp.int32(0)
+    order0 = first_order(spec, key, data.count, n_max, orders)
     running0 = jnp.zeros_like(global_mean)
     (params, rest, _, running, _), mean_loss = run_steps(
         spec, data.count, n_max, step, (params, rest, opt_state, running0, order0)

@@ -56,7 +56,7 @@ from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
 from pfljax.core.domains import Domain, checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.heads import apply_with_head, dense, feature_dim, features, linear_head
-from pfljax.core.local import LocalTraining, epoch_order, epoch_orders, next_batch, run_steps, step_batch
+from pfljax.core.local import LocalTraining, epoch_orders, first_order, local_batch, run_steps
 from pfljax.core.losses import Loss, get_loss, masked_mean
 from pfljax.core.round import Participants, check_weighting, client_step, federated_round
 from pfljax.core.types import Algorithm, ClientArrays, ClientData
@@ -97,10 +97,7 @@ def make_class_sums_train(local: LocalTraining, objective: Callable, num_classes
         def step(carry, s):
             *state, order = carry
             params, rest, opt_state, sums, counts = state
-            if orders is None:
-                order, rows, w, active = next_batch(local, key, s, data.count, n_max, order)
-            else:
-                rows, w, active = step_batch(local, key, s, data.count, n_max, orders)
+            order, rows, w, active = local_batch(local, key, s, data.count, n_max, orders, order)
             xb, yb = data.x[rows], data.y[rows]
             (loss, (updates, vec)), grads = value_and_grad(params, rest, context, xb, yb, w)
             upd, new_opt = optimizer.update(grads, opt_state, params)
@@ -116,7 +113,7 @@ def make_class_sums_train(local: LocalTraining, objective: Callable, num_classes
 
         sums0 = jnp.zeros((num_classes, width), jnp.float32)
         counts0 = jnp.zeros((num_classes,), jnp.float32)
-        order0 = epoch_order(key, 0, data.count, n_max, local.batch_size) if orders is None else jnp.int32(0)
+        order0 = first_order(local, key, data.count, n_max, orders)
         init = (params, rest, optimizer.init(params), sums0, counts0, order0)
         (params, rest, _, sums, counts, _), mean_loss = run_steps(local, data.count, n_max, step, init)
         return ClassSums({**rest, "params": params}, sums, counts, mean_loss)

@@ -202,6 +202,21 @@ def next_batch(spec: LocalTraining, key: jax.Array, s: jax.Array, count: jax.Arr
     return order, rows, weights, active
 
 
+def first_order(spec: LocalTraining, key: jax.Array, count: jax.Array, n_max: int, orders) -> jax.Array:
+    """The order a loop over `local_batch` carries into step 0: epoch 0's when `orders` is
+    None, else a placeholder (the orders are drawn already)."""
+    return epoch_order(key, 0, count, n_max, spec.batch_size) if orders is None else jnp.int32(0)
+
+
+def local_batch(spec: LocalTraining, key, s, count, n_max: int, orders, order):
+    """(order, rows [B], weights [B], active) of local step s of a loop carrying `order`: from
+    `orders` (`epoch_orders`, drawn before the steps) where given, else `next_batch`. The batch
+    lookup of `make_local_train` and of the methods' own local loops."""
+    if orders is None:
+        return next_batch(spec, key, s, count, n_max, order)
+    return (order, *step_batch(spec, key, s, count, n_max, orders))
+
+
 def batch_schedule(spec: LocalTraining, key: jax.Array, count: jax.Array, n_max: int, steps: int):
     """Rows [S, B], weights [S, B] and activity [S] of local steps 0..S-1 of one client
     (`step_batch` of each s, with one epoch order per epoch instead of one per step)."""
@@ -279,7 +294,7 @@ def make_local_train(
     """
     spec = spec.validate()
     loss_obj = get_loss(spec.loss)
-    optimizer, batch_size = spec.optimizer, spec.batch_size
+    optimizer = spec.optimizer
 
     def objective(params, rest, anchor, xb, yb, wb):
         out, updates = apply_fn({**rest, "params": params}, xb, train=True)
@@ -306,10 +321,7 @@ def make_local_train(
 
         def step(carry, s):
             params, rest, opt_state, order = carry
-            if orders is None:
-                order, rows, weights, active = next_batch(spec, key, s, data.count, n_max, order)
-            else:
-                rows, weights, active = step_batch(spec, key, s, data.count, n_max, orders)
+            order, rows, weights, active = local_batch(spec, key, s, data.count, n_max, orders, order)
             xb, yb = data.x[rows], data.y[rows]
             grads, (loss, updates) = grad_fn(params, rest, anchor_params, xb, yb, weights)
             upd, new_opt = optimizer.update(grads, opt_state, params)
@@ -317,7 +329,7 @@ def make_local_train(
             kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, (params, rest, opt_state))
             return (*kept, order), loss, active
 
-        order0 = epoch_order(key, 0, data.count, n_max, batch_size) if orders is None else jnp.int32(0)
+        order0 = first_order(spec, key, data.count, n_max, orders)
         (params, rest, opt_state, _), mean_loss = run_steps(
             spec, data.count, n_max, step, (params, rest, opt_state, order0)
         )
