@@ -3,7 +3,9 @@
 Public builders and pure functions, re-exported (importing pfljax stays light:
 no TensorFlow, orbax or matplotlib; `pfljax.experiment` loads them when used):
 
+    import optax
     import pfljax
+
     fd = pfljax.build_federated_data("simulation", 20)
     model = pfljax.build_model("mlp", fd.input_shape, fd.num_classes)
     alg = pfljax.fedavg.build(model, pfljax.LocalTraining(optax.sgd(0.05)))
