@@ -49,8 +49,6 @@ def test_round_table_pairs_pfllib_evaluation_r_with_pfljax_round_r(tmp_path):
 
 
 def test_fedcp_log_personal_accuracy_and_its_dashed_round_seconds(tmp_path):
-    from experiments.pfllib_differential import parse_pfllib_log
-
     text = (
         "-------------Round number: 0-------------\n\nEvaluate before local training\n"
         "Averaged Test Accuracy: 0.0584\nAveraged Test AUC: 0.5\n"
@@ -60,6 +58,15 @@ def test_fedcp_log_personal_accuracy_and_its_dashed_round_seconds(tmp_path):
     )  # fmt: skip
     path = tmp_path / "pfllib_FedCP_seed0.log"
     path.write_text(text)
-    out = parse_pfllib_log(str(path))
+    code = (
+        "import json, sys; from experiments.pfllib_differential import parse_pfllib_log; "
+        "print(json.dumps(parse_pfllib_log(sys.argv[1])))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT, env=binary_env(),
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
     assert out["personal"] == [0.0584, 0.7012] and out["global"] == []
     assert out["seconds"] == [93.25]
