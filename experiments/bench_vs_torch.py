@@ -3,6 +3,7 @@
     python -m experiments.bench_vs_torch [--cases=cnn,mlp,fedavgcnn,refcnn,resnet9,lstm]
         [--clients=10,100] [--split=equal|dirichlet|both] [--rows=0] [--epochs=1]
         [--repeats=3] [--torch_threads=0] [--devices=1[,2]] [--conv_impl=auto[,im2col,...]]
+        [--lstm_impl=scan[,flax]]
 
 Needs PyTorch (`pip install -e .[bench]`); pfljax itself never imports it.
 
@@ -18,7 +19,8 @@ untimed warm-up round each (pfljax's includes compilation):
   (`--devices=1,2`: a row for each in the same process, the largest count forced);
   `--conv_impl=im2col,auto`: a row per convolution (pfljax.models.conv.IMPLS) in the
   conv cases, their rounds interleaved with each other and the torch round (before/after
-  figures from one run, sharing one torch timing);
+  figures from one run, sharing one torch timing); `--lstm_impl=flax,scan` likewise a row
+  per way of running the char LSTM (pfljax.models.lstm.IMPLS) in the `lstm` case;
 - torch: what FL-bench and PFLlib do: for each client in turn, load the global
   weights into the model, make a fresh `torch.optim.SGD`, run E epochs over the
   client's own `DataLoader(TensorDataset, batch_size=B, shuffle=True)`, keep a
@@ -66,6 +68,7 @@ from pfljax.data.partition import dirichlet
 from pfljax.experiment.cli import fail, missing_package, parse_flags
 from pfljax.models import build_model
 from pfljax.models.conv import IMPLS, ONEDNN_MISSING, resolve_impl, runs_here
+from pfljax.models.lstm import IMPLS as LSTM_IMPLS
 from pfljax.models.weights import layer_order
 from pfljax.runtime.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
 
@@ -512,22 +515,25 @@ class Options(NamedTuple):
     lr: float = 0.01
     alpha: float = 0.1
     conv_impl: str = "auto"  # pfljax's convolution (pfljax.models.conv.IMPLS) in the conv cases
+    lstm_impl: str = "scan"  # how the char LSTM runs (pfljax.models.lstm.IMPLS) in the lstm case
 
 
 def run_case(
     name: str, num_clients: int, split: str, peaks: dict, opts: Options | None = None, devices: int = 1
 ) -> dict:
-    """The JSON row of one case: pfljax (opts.conv_impl) against the torch loop."""
+    """The JSON row of one case: pfljax (opts.conv_impl, or opts.lstm_impl) against the torch loop."""
     opts = opts or Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha)
-    return run_impls(name, num_clients, split, peaks, opts, (opts.conv_impl,), devices)[0]
+    impl = opts.lstm_impl if CASES[name]["model"] == "char_lstm" else opts.conv_impl
+    return run_impls(name, num_clients, split, peaks, opts, (impl,), devices)[0]
 
 
 def run_impls(
     name: str, num_clients: int, split: str, peaks: dict, opts: Options, impls: tuple, devices: int = 1
 ) -> list[dict]:
-    """A row per pfljax convolution in `impls` (conv cases; others: opts.conv_impl only), every
-    repeat timing each impl's round then the torch round, so that all rows share one torch
-    timing and one stretch of the machine's load: before/after figures from one run."""
+    """A row per pfljax convolution in `impls` (conv cases; the lstm case: per char-LSTM impl;
+    others: one row), every repeat timing each impl's round then the torch round, so that all
+    rows share one torch timing and one stretch of the machine's load: before/after figures
+    from one run."""
     import torch
 
     spec = CASES[name]
@@ -535,12 +541,13 @@ def run_impls(
     sizes = client_sizes(num_clients, rows, split, spec["classes"], alpha=opts.alpha)
     xs, ys = client_inputs(spec, sizes)
     is_conv = spec["model"] in ("cnn", "resnet9")
+    is_lstm = spec["model"] == "char_lstm"
     loss = spec.get("loss", "cross_entropy")
     local = LocalTraining(optax.sgd(opts.lr), batch_size=spec["batch"], epochs=opts.epochs, loss=loss)
     arrays = pad_clients(xs, ys)
     sides = []
-    for impl in impls if is_conv else (opts.conv_impl,):
-        conv = {"conv_impl": impl} if is_conv else {}
+    for impl in impls if is_conv or is_lstm else (opts.conv_impl,):
+        conv = {"conv_impl": impl} if is_conv else {"impl": impl} if is_lstm else {}
         model = build_model(spec["model"], spec["input_shape"], spec["classes"], **spec["kwargs"], **conv)
         rnd, state, data = pfljax_round(model, local, ClientData(arrays, arrays), num_clients, devices)
         sides.append({"conv": conv, "model": model, "round": rnd, "state": state, "data": data, "times": []})
@@ -583,7 +590,8 @@ def _row(name, spec, side, tt, sizes, split, opts, peaks, devices, local, arrays
     return {
         "case": name,
         "conv_impl": conv.get("conv_impl"),
-        "conv_resolved": resolve_impl(conv["conv_impl"]) if conv else None,
+        "conv_resolved": resolve_impl(conv["conv_impl"]) if "conv_impl" in conv else None,
+        **({"lstm_impl": conv["impl"]} if "impl" in conv else {}),
         "devices": devices,
         "clients": len(sizes),
         "split": split if split == "equal" else f"dirichlet{opts.alpha}",
@@ -655,7 +663,9 @@ def main(argv):
         for split in splits:
             for c in FLAGS.clients:
                 for d in devices:
-                    rows = run_impls(name, int(c), split, peaks, opts, tuple(FLAGS.conv_impl), devices=d)
+                    lstm = CASES[name]["model"] == "char_lstm"
+                    impls = tuple(FLAGS.lstm_impl if lstm else FLAGS.conv_impl)
+                    rows = run_impls(name, int(c), split, peaks, opts, impls, devices=d)
                     for row in rows:
                         print(json.dumps(row), flush=True)
 
@@ -678,6 +688,16 @@ def define_flags():
         "conv_impl", lambda impls: set(impls) <= set(IMPLS), f"--conv_impl must be among {', '.join(IMPLS)}"
     )
     flags.register_validator("conv_impl", lambda impls: all(map(runs_here, impls)), ONEDNN_MISSING)
+    flags.DEFINE_list(
+        "lstm_impl",
+        ["scan"],
+        f"the char LSTM's way of running in the lstm case, a row per value: {', '.join(LSTM_IMPLS)}",
+    )
+    flags.register_validator(
+        "lstm_impl",
+        lambda impls: set(impls) <= set(LSTM_IMPLS),
+        f"--lstm_impl must be among {', '.join(LSTM_IMPLS)}",
+    )
     flags.DEFINE_list(
         "devices", ["1"], "pfljax: shard the clients over D devices, a row per D (CPU: host devices forced)"
     )
