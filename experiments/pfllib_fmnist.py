@@ -62,6 +62,7 @@ METHODS = {
     "apple": ("apple", ()),
     "fedproto": ("fedproto", ()),
     "feddistill": ("feddistill", ()),
+    "fedgen": ("fedgen", ()),
     "feddbe": ("feddbe", ()),
     "fedcp": ("fedcp", ()),
     "gpfl": ("gpfl", ()),

@@ -36,6 +36,7 @@ from pfljax.core.local import LocalTraining
 from pfljax.models import build_model
 from pfljax.runtime.blocks import all_finite, make_block
 from tests.algorithms.fast_compile import EXACT, fast_compile  # noqa: F401  (autouse)
+from tests.algorithms.small_options import small_options
 from tests.toydata import toy_data, toy_federated, toy_pool_data
 
 COUNTS = (9, 5, 12, 3)
@@ -46,7 +47,8 @@ ROUNDS = 3
 
 def make(name, client_map):
     model = build_model(algorithms.model_variant(name, "mlp"), (6,), 3, hidden=(8,))
-    return algorithms.get(name).build(model, SPEC, clients_per_round=K, client_map=client_map)
+    options = small_options(name)
+    return algorithms.get(name).build(model, SPEC, clients_per_round=K, client_map=client_map, **options)
 
 
 def fields(state) -> dict:
@@ -154,7 +156,9 @@ def test_layouts_and_loops_give_the_same_numbers(name):
 
     def run(data, loop):
         spec = EPOCH_SPEC._replace(loop=loop)
-        alg = algorithms.get(name).build(model, spec, clients_per_round=K, client_map="map")
+        alg = algorithms.get(name).build(
+            model, spec, clients_per_round=K, client_map="map", **small_options(name)
+        )
         state = alg.init(jax.random.key(0), None, NUM)
         round_fn = jax.jit(alg.round, compiler_options=EXACT)
         for r in range(2):

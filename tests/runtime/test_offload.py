@@ -25,6 +25,7 @@ from pfljax.models import build_model
 from pfljax.runtime.memory import host_memory_report
 from pfljax.runtime.offload import Offload, gather_data
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
+from tests.algorithms.small_options import small_options
 from tests.toydata import toy_pool_data
 
 COUNTS = (9, 5, 12, 3, 7, 4)
@@ -36,6 +37,7 @@ REFUSED = [n for n in algorithms.available() if algorithms.host_storage_refusal(
 
 def make(name, **options):
     model = build_model(algorithms.model_variant(name, "mlp"), (6,), 3, hidden=(8,))
+    options = {**small_options(name), **options}
     return algorithms.get(name).build(model, SPEC, clients_per_round=K, client_map="map", **options)
 
 
