@@ -43,7 +43,9 @@ flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds (model, sampling and partitio
 flags.DEFINE_integer("num_clients", 20, "clients")
 flags.DEFINE_integer("clients_per_round", 10, "clients sampled (without replacement) per round")
 flags.DEFINE_integer("rounds", 20, "communication rounds")
-flags.DEFINE_float("delta", 0.0, "delta; 0: 1 / num_clients^1.1")
+flags.DEFINE_float(
+    "delta", 0.0, "delta; 0: 1/num_clients^1.1 (the recorded table's; pfljax's dp.delta=0: min(1e-5, that))"
+)
 flags.DEFINE_float("clip_norm", 0.0, "L2 clip of each upload's update (required unless --probe)")
 flags.DEFINE_bool("probe", False, "print update norms without clipping or noise, then stop")
 flags.DEFINE_bool("collect", False, "only tabulate the finished runs (skip missing ones)")

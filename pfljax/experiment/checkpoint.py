@@ -8,7 +8,12 @@ config it was written under, which `check_config` compares on resume.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+from collections.abc import Callable
 from typing import Any
+
+from absl import logging
 
 from pfljax.experiment.config import RESUMABLE_FIELDS, ConfigError, base_config, to_plain
 
@@ -47,8 +52,68 @@ class Checkpoints:
         )
         return out.state, out.host
 
+    def restore_latest(self, template: Any, check: Callable[[int, dict], None]) -> tuple[int, Any, Any]:
+        """(step, state, host) of the newest checkpoint that restores, or (0, template,
+        None) when there is none. `check(step, host)` sees each host dict before its
+        state is read (its ConfigError propagates). A checkpoint that fails to restore is moved
+        to `<directory>.damaged/<step>` with a warning and the one before is tried; when
+        none restores: ConfigError saying how to start fresh."""
+        damaged = []
+        _drop_closed_loop_errors()
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                host = self.restore_host(step)
+            except Exception as e:  # noqa: BLE001  any failure to read is damage
+                damaged.append(self._set_aside(step, e))
+                continue
+            check(step, host)
+            try:
+                return (step, *self.restore(step, template))
+            except Exception as e:  # noqa: BLE001
+                damaged.append(self._set_aside(step, e))
+        if damaged:
+            raise ConfigError(
+                f"no checkpoint in {self.directory!r} restores (damaged, moved to {self.directory}.damaged: "
+                f"{', '.join(damaged)}); to start fresh, give another --workdir or delete {self.directory!r}"
+            )
+        return 0, template, None
+
+    def _set_aside(self, step: int, error: Exception) -> str:
+        """Moves checkpoint `step` out of the manager's directory; returns its name."""
+        aside = f"{os.path.abspath(self.directory)}.damaged"
+        os.makedirs(aside, exist_ok=True)
+        target = os.path.join(aside, str(step))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(os.path.join(os.path.abspath(self.directory), str(step)), target)
+        self.manager.reload()
+        message = " ".join(str(error).split())[:200]
+        logging.warning(
+            "checkpoint %d in %s does not restore (%s: %s): moved to %s; trying the one before",
+            step, self.directory, type(error).__name__, message, target,
+        )  # fmt: skip
+        return str(step)
+
     def close(self) -> None:
         self.manager.close()
+
+
+def _drop_closed_loop_errors() -> None:
+    """After a failed orbax restore, tensorstore's pending reads report into the closed
+    asyncio loop of that call ('Event loop is closed', unraisable: a traceback on
+    stderr each); the failure itself is reported in one warning. Drops those only."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop", False):
+        return
+
+    def hook(unraisable):
+        closed = isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(
+            unraisable.exc_value
+        )
+        if not closed:
+            previous(unraisable)
+
+    hook.drops_closed_loop = True
+    sys.unraisablehook = hook
 
 
 def check_config(saved: dict, current: dict, workdir: str) -> None:

@@ -4,8 +4,12 @@ Exit codes: 0 the run completed; 2 bad input (one line `error: ...` on stderr
 naming the flag, its value and what is allowed, before any training); 3 a run
 diverged (non-finite loss or parameters; one line naming the round, the
 algorithm and the usual knobs; outputs up to the round before are kept); 4 the
-device ran out of memory (one line; outputs written so far are kept).
-Anything else (1) is a bug: please report its traceback.
+device ran out of memory (one line; outputs written so far are kept); 5 a
+multi-process run lost a process (one line naming it; the others end too, the
+last checkpoint is kept: pfljax.experiment.peers). A process that never joins a
+multi-process run is bad input (2); 130 / 143 interrupted by SIGINT / SIGTERM
+(one line: the round checkpointed, see `stopped_run`). Anything else (1) is a
+bug: please report its traceback.
 
 `--config` takes a config file (`path.py[:argument]`) or the name of a shipped
 config (`default`, `federico_fmnist:permuted_2`, ...: `SHIPPED_CONFIGS`), so the
@@ -31,12 +35,16 @@ from absl import flags
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 EXIT_OUT_OF_MEMORY = 4
+EXIT_LOST_PEER = 5
 # What a run imports from pyproject's `experiments` extra (import names; PIP_NAMES: their
 # distributions where they differ). pfljax-partition needs matplotlib only.
 RUN_PACKAGES = ("orbax.checkpoint", "matplotlib", "tensorboardX", "tqdm")
 PARTITION_PACKAGES = ("matplotlib",)
 PIP_NAMES = {"orbax.checkpoint": "orbax-checkpoint"}
-EXIT_FOOTER = "0 completed, 2 bad input, 3 a run diverged, 4 out of device memory."
+EXIT_FOOTER = (
+    "0 completed, 2 bad input, 3 a run diverged, 4 out of device memory, "
+    "5 a multi-process run lost a process, 130 / 143 interrupted by SIGINT / SIGTERM."
+)
 DEFAULT_INIT_TIMEOUT = 300  # seconds, jax.distributed.initialize's default
 HELP_FLAGS = ("-h", "--help", "-help", "--helpfull", "--helpshort", "-?")
 SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -65,6 +73,46 @@ def out_of_memory_exits(workdir: str):
             "batch_size; other processes on the device take its memory too",
             EXIT_OUT_OF_MEMORY,
         )
+
+
+@contextlib.contextmanager
+def stopping_on_signals(what_stopped: Callable):
+    """SIGINT / SIGTERM during the block: one line `interrupted by SIGINT: <what_stopped(e)>`
+    on stderr and exit 130 / 143, no traceback (pfljax.experiment.interrupts says
+    when a run stops and what it keeps)."""
+    from pfljax.experiment.interrupts import Interrupted, handled_signals  # pylint: disable=import-outside-toplevel
+
+    try:
+        with handled_signals():
+            yield
+    except Interrupted as e:
+        print(f"interrupted by {e.name}: {what_stopped(e)}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+
+
+def run_binary(main: Callable, usage: str) -> None:
+    """absl's app.run of a binary's `main` with pfljax's flag parsing and usage text;
+    Ctrl-C before `main` installs its handlers is one line and exit 130 too."""
+    from absl import app  # pylint: disable=import-outside-toplevel
+
+    set_usage(usage, sys.argv)
+    try:
+        app.run(main, flags_parser=parse_flags)
+    except KeyboardInterrupt:
+        print("interrupted by SIGINT: stopped before training", file=sys.stderr, flush=True)
+        sys.exit(130)
+
+
+def stopped_run(e, workdir: str) -> str:
+    """What an interrupted run kept and how to go on (the line's text after 'interrupted by X:')."""
+    if e.round is None:
+        return f"stopped before training; rerun the same command to run it (--workdir={workdir})"
+    if e.round == 0:
+        return f"stopped before its first checkpoint; rerun the same command to start it again in {workdir}"
+    return (
+        f"stopped after round {e.round} of {e.rounds}; rerun the same command to resume from the "
+        f"checkpoint of round {e.round} in {os.path.join(workdir, 'checkpoints')}"
+    )
 
 
 def shipped_configs() -> list[str]:
@@ -339,8 +387,11 @@ def check_distributed(opts: Distributed) -> None:
 def initialize_distributed(opts: Distributed) -> None:
     """jax.distributed.initialize() with the flags' arguments (the rest auto-detected),
     CPU collectives over gloo (so CPU processes form one mesh too); a process that
-    cannot reach the coordinator, or bad arguments, is one line and exit 2."""
+    cannot reach the coordinator, processes that do not all join, or bad arguments, is one
+    line and exit 2; a process lost later is one line and exit 5 (pfljax.experiment.peers)."""
     import jax  # pylint: disable=import-outside-toplevel
+
+    from pfljax.experiment import peers  # pylint: disable=import-outside-toplevel
 
     check_distributed(opts)
     if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in os.environ:
@@ -359,7 +410,7 @@ def initialize_distributed(opts: Distributed) -> None:
             "start process 0 (--process_id=0) on that host and port, the same --num_processes everywhere"
         )
     try:
-        jax.distributed.initialize(**kwargs, initialization_timeout=opts.initialization_timeout)
+        peers.initialize(kwargs, opts.initialization_timeout)
     except (ValueError, TypeError, RuntimeError) as e:  # jax's argument checks, auto-detection
         fail(
             f"--distributed: jax.distributed.initialize: {e}; outside Cloud TPU, SLURM, Open MPI and "

@@ -22,10 +22,11 @@ import jax
 import numpy as np
 from absl import logging
 
-from pfljax.experiment import plots
+from pfljax.experiment import interrupts, plots
 from pfljax.experiment.config import make_data, prepare, resolve
-from pfljax.experiment.outputs import JsonlLog, write_csv, write_json
-from pfljax.experiment.train import STATUS_DIVERGED, check_workdir, data_title, train_and_evaluate
+from pfljax.experiment.outputs import JsonlLog, write_csv, write_json, write_text
+from pfljax.experiment.train import STATUS_DIVERGED, data_title, train_and_evaluate
+from pfljax.experiment.workdir import claim
 
 COLUMNS = (
     ("final_mean_accuracy", "final mean acc (%)", 100.0),
@@ -92,13 +93,18 @@ def compare(
         raise ValueError("algorithms must name at least one algorithm")
     if not seeds:
         raise ValueError("seeds must hold at least one seed")
-    check_workdir(workdir)
-    configs, groups = _run_configs(config, algorithms, grid)
-    t_start = time.perf_counter()
-    if vectorize:
-        summaries = _run_vectorized(configs, groups, algorithms, seeds, workdir, grid, replica_strategy)
-    else:
-        summaries = _run_separately(configs, seeds, workdir, progress)
+    with claim(workdir, lock=jax.process_index() == 0):
+        configs, groups = _run_configs(config, algorithms, grid)
+        t_start = time.perf_counter()
+        if vectorize:
+            summaries = _run_vectorized(configs, groups, algorithms, seeds, workdir, grid, replica_strategy)
+        else:
+            summaries = _run_separately(configs, seeds, workdir, progress)
+        return _report(workdir, configs, summaries, seeds, t_start)
+
+
+def _report(workdir: str, configs: dict, summaries: dict, seeds, t_start: float) -> dict:
+    """compare's tables and plots from every run's summary (see `compare`)."""
     results = aggregate(summaries)
     resolved = resolve(configs[next(iter(configs))])[0]
     table = markdown_table(results, resolved, seeds)
@@ -174,7 +180,8 @@ def _run_separately(configs: dict, seeds: Sequence[int], workdir: str, progress:
             path = run_dir(workdir, name, seed)
             logging.info("compare: run %d/%d: %s seed %d -> %s", done, total, name, seed, path)
             t0 = time.perf_counter()
-            summary = train_and_evaluate(configs[name], path, fed_data=fed, progress=progress)
+            with interrupts.naming_runs(f"{name} seed {seed}", summaries, seeds):
+                summary = train_and_evaluate(configs[name], path, fed_data=fed, progress=progress)
             summaries[name].append(summary)
             if summary.get("status") == STATUS_DIVERGED:
                 logging.warning("compare: run %d/%d: %s", done, total, summary["divergence"])
@@ -226,7 +233,8 @@ def _run_vectorized(
     for name in algorithms:
         logging.info("compare: %s: %d runs as one program", name, len(runs[name][0]))
         t0 = time.perf_counter()
-        out = replicas(name)
+        with interrupts.naming_runs(f"{name} ({len(runs[name][0])} runs as one program)", summaries, seeds):
+            out = replicas(name)
         order = [lab for lab in groups[name] for _ in seeds]  # out's order
         for i, lab in enumerate(order):
             summaries[lab].append(out[i])
@@ -250,8 +258,7 @@ def _replica_runs(configs: dict, labels: Sequence[str], seeds: Sequence[int], wo
 
 def _write_results(workdir: str, summaries: dict, results: dict, table: str, config, seeds) -> None:
     """results.md, results.json, results.csv and the overlay plots (accuracy.png, loss.png)."""
-    with open(os.path.join(workdir, "results.md"), "w") as f:
-        f.write(table)
+    write_text(os.path.join(workdir, "results.md"), table)
     write_json(os.path.join(workdir, "results.json"), {"seeds": list(seeds), "results": results})
     write_csv(os.path.join(workdir, "results.csv"), per_seed_rows(summaries))
     title = f"{data_title(config)}; seeds {list(seeds)}"
@@ -310,8 +317,10 @@ def per_seed_rows(summaries: dict[str, list[dict]]) -> list[dict]:
 
 def markdown_table(results: dict, config, seeds: Sequence[int]) -> str:
     head = ["algorithm"] + [c[1] for c in COLUMNS] + ["MB up total", "s / round"]
+    one = len(seeds) == 1  # one seed: its values, no spread to report
+    over = f"seed {seeds[0]}" if one else f"mean +- std over seeds {list(seeds)}"
     lines = [
-        f"{data_title(config)}, {config.rounds} rounds; mean +- std over seeds {list(seeds)}",
+        f"{data_title(config)}, {config.rounds} rounds; {over}",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -331,7 +340,9 @@ def markdown_table(results: dict, config, seeds: Sequence[int]) -> str:
                 if v is None and diverged
                 else "n/a"
                 if v is None
-                else (f"{scale * v['mean']:.2f} +- {scale * v['std']:.2f}")
+                else f"{scale * v['mean']:.2f}"
+                if one
+                else f"{scale * v['mean']:.2f} +- {scale * v['std']:.2f}"
             )
         up, sec = row["bytes_up_total"], row["round_seconds_median"]
         cells.append("n/a" if up is None else f"{up['mean'] / 1e6:.2f}")

@@ -11,16 +11,19 @@ program (pfljax.experiment.sweep), writing the same run directories;
 results.md (mean +- std over seeds), results.json and results.csv (every
 seed's value and status), accuracy.png and loss.png go to <workdir>. A log line
 when each run starts and ends. This is what `make demo` runs.
-Exit codes: 0 every run completed; 2 bad input (one line, nothing trained);
-3 some run diverged (the table marks it; the other runs completed); 4 out of
-device memory (one line; the runs written so far are kept).
+Exit codes: 0 every run completed; 2 bad input (one line, nothing trained;
+also a workdir another process holds); 3 some run diverged (the table marks
+it; the other runs completed); 4 out of device memory (one line; the runs
+written so far are kept); 5 a multi-process run lost a process (one line
+naming it; completed runs and the last checkpoint stay, rerunning every process
+goes on); 130 / 143 interrupted by SIGINT / SIGTERM (one line
+naming the run that stopped, at a checkpoint, and the runs completed;
+rerunning goes on from there).
 """
 
 from __future__ import annotations
 
-import sys
-
-from absl import app, flags
+from absl import flags
 
 from pfljax.experiment.cli import (
     EXIT_DIVERGED,
@@ -29,9 +32,9 @@ from pfljax.experiment.cli import (
     fail,
     is_primary,
     out_of_memory_exits,
-    parse_flags,
-    set_usage,
+    run_binary,
     start,
+    stopping_on_signals,
 )
 
 USAGE = __doc__
@@ -94,45 +97,61 @@ def parse_algorithms(values: list[str]) -> list[str]:
     return list(values)
 
 
+def stopped_compare(e, workdir: str) -> str:
+    """What an interrupted comparison kept: the run in flight and the runs completed."""
+    if e.during is None:
+        return f"stopped before training; rerun the same command to run it (--workdir={workdir})"
+    done = ", ".join(e.completed) or "none"
+    at = f"after round {e.round} of {e.rounds}" if e.round else "before its first checkpoint"
+    return (
+        f"stopped {e.during} {at}; runs completed: {done}; rerun the same command to go on "
+        f"(completed runs are kept, the stopped one resumes from its checkpoint in {workdir})"
+    )
+
+
 def main(argv):
     distributed = _DISTRIBUTED()
     if distributed.enabled and _VECTORIZE.value:
         fail("--vectorize runs on one process's devices: drop it (or --distributed) for a multi-process run")
-    start(argv, distributed)
-    from pfljax.experiment import ConfigError, compare  # pylint: disable=import-outside-toplevel
-    from pfljax.experiment.compare import parse_grid  # pylint: disable=import-outside-toplevel
+    with stopping_on_signals(lambda e: stopped_compare(e, _WORKDIR.value)):
+        start(argv, distributed)
+        from pfljax.experiment import ConfigError, compare  # pylint: disable=import-outside-toplevel
+        from pfljax.experiment.compare import parse_grid  # pylint: disable=import-outside-toplevel
 
-    seeds = parse_seeds(_SEEDS.value)
-    names = parse_algorithms(_ALGORITHMS.value)
-    try:
-        grid = parse_grid(_GRID.value) if _GRID.value is not None else None
-        with out_of_memory_exits(_WORKDIR.value):
-            out = compare(
-                _CONFIG.value,
-                names,
-                seeds,
-                _WORKDIR.value,
-                vectorize=_VECTORIZE.value,
-                grid=grid,
-                replica_strategy=_REPLICA_MAP.value,
+        seeds = parse_seeds(_SEEDS.value)
+        names = parse_algorithms(_ALGORITHMS.value)
+        try:
+            grid = parse_grid(_GRID.value) if _GRID.value is not None else None
+            with out_of_memory_exits(_WORKDIR.value):
+                out = compare(
+                    _CONFIG.value,
+                    names,
+                    seeds,
+                    _WORKDIR.value,
+                    vectorize=_VECTORIZE.value,
+                    grid=grid,
+                    replica_strategy=_REPLICA_MAP.value,
+                )
+        except (ConfigError, ValueError) as e:
+            from pfljax.experiment.peers import gloo_lost  # pylint: disable=import-outside-toplevel
+
+            if gloo_lost(e):  # a collective lost its peer: pfljax.experiment.peers' line and exit 5
+                raise
+            fail(str(e))
+        if is_primary():
+            print(out["table"])
+        if out["diverged"]:
+            runs = ", ".join(f"{a} seed {s} at round {r}" for a, s, r in out["diverged"])
+            fail(
+                f"{len(out['diverged'])} of {len(out['results']) * len(seeds)} runs diverged ({runs}); "
+                f"see their summary.json 'divergence' and results.md",
+                EXIT_DIVERGED,
             )
-    except (ConfigError, ValueError) as e:
-        fail(str(e))
-    if is_primary():
-        print(out["table"])
-    if out["diverged"]:
-        runs = ", ".join(f"{a} seed {s} at round {r}" for a, s, r in out["diverged"])
-        fail(
-            f"{len(out['diverged'])} of {len(out['results']) * len(seeds)} runs diverged ({runs}); "
-            f"see their summary.json 'divergence' and results.md",
-            EXIT_DIVERGED,
-        )
 
 
 def run() -> None:
     """Entry point of the `pfljax-compare` console script."""
-    set_usage(USAGE, sys.argv)
-    app.run(main, flags_parser=parse_flags)
+    run_binary(main, USAGE)
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ FIELD_DOMAINS = {
 # config.dp.<field> (client-level DP): ClientDP's fields, the accountant's delta and the budget.
 DP_DOMAINS = {
     **privacy.DOMAINS,
-    "delta": Domain(0, 1, high_open=True, note="0: 1/num_clients^1.1"),
+    "delta": Domain(0, 1, high_open=True, note="0: min(1e-5, 1/num_clients^1.1); below 1/num_clients"),
     "target_epsilon": Domain(0, note="0: no budget"),
 }
 # Options that usually make a run diverge, named in the divergence message
@@ -356,7 +356,8 @@ def base_config() -> ml_collections.ConfigDict:
     config.client_storage = "device"
     # Client-level differential privacy (pfljax.core.privacy, DP-FedAvg): each upload
     # clipped to clip_norm, Gaussian noise noise_multiplier * clip_norm on the sum;
-    # delta 0: 1 / num_clients^1.1; target_epsilon 0: no budget (else the run stops
+    # delta 0: min(1e-5, 1 / num_clients^1.1), a delta >= 1/num_clients is refused;
+    # target_epsilon 0: no budget (else the run stops
     # before a round that would exceed it).
     config.dp = ml_collections.ConfigDict(
         {"enabled": False, "noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 0.0, "target_epsilon": 0.0}
@@ -852,9 +853,13 @@ def make_client_map(config, mesh=None):
     return ShardedMap(mesh, inner)
 
 
+DEFAULT_DELTA_CAP = 1e-5  # dp.delta=0: min(DEFAULT_DELTA_CAP, 1 / num_clients^1.1)
+
+
 def dp_delta(config) -> float:
-    """config.dp.delta, or 1 / num_clients^1.1 when it is 0."""
-    return config.dp.delta or 1.0 / config.num_clients**1.1
+    """config.dp.delta, or min(1e-5, 1 / num_clients^1.1) when it is 0: below 1/C, where
+    (eps, delta)-DP with delta >= 1/C allows publishing one client's data outright."""
+    return config.dp.delta or min(DEFAULT_DELTA_CAP, 1.0 / config.num_clients**1.1)
 
 
 def make_privacy(config) -> ClientDP | None:
@@ -872,6 +877,13 @@ def make_privacy(config) -> ClientDP | None:
         raise ConfigError(
             f"config.dp.enabled: {config.algorithm} does not support client-level DP (its server mixes or "
             f"inspects per-client models, not an average of uploads); supported: {supported}"
+        )
+    bound = 1.0 / config.num_clients
+    if dp.delta >= bound:
+        raise ConfigError(
+            f"config.dp.delta={dp.delta:g} is >= 1/num_clients = {bound:g}: a guarantee that allows one "
+            f"client's data to be published whole; give dp.delta < {bound:g} "
+            f"(0: the default min({DEFAULT_DELTA_CAP:g}, 1/num_clients^1.1))"
         )
     return ClientDP(float(dp.noise_multiplier), float(dp.clip_norm))
 

@@ -35,7 +35,7 @@ from absl import logging
 
 from pfljax.core import privacy
 from pfljax.core.evaluate import summarize
-from pfljax.experiment import plots
+from pfljax.experiment import interrupts, plots
 from pfljax.experiment.config import DIVERGENCE_KNOBS, dp_delta, partition_name
 from pfljax.experiment.outputs import CsvLog, JsonlLog, TensorBoard, jsonable, write_json
 from pfljax.runtime.blocks import BlockOut
@@ -279,23 +279,33 @@ def run_loop(program: Program, compiled, length: int, reps: list, state, start: 
     eps = epsilons(config)
     end = max(last_round(config, eps), start)
     bar = Progress(progress and reps[0].primary, start, config.rounds, config.algorithm)
-    r = start
-    while r < end and any(rep.host["diverged"] is None for rep in reps):
-        stop = block_end(config, r, end, length)
-        schedule = program.place(np.array([r, stop, config.eval_every, end], np.int32))
-        t0 = time.perf_counter()
-        with jax.transfer_guard("disallow"):
-            state, out = compiled(state, *program.args, schedule)
-        out = jax.device_get(out)
-        seconds = (time.perf_counter() - t0) / (stop - r)
-        read_block(out, program, reps, r + 1, seconds, eps)
-        bar.block(stop - r, [rep.rows[-1] for rep in reps if rep.host["diverged"] is None and rep.rows], stop)
-        r = stop
-        if is_checkpoint(config, r, end) and any(rep.host["diverged"] is None for rep in reps):
-            program.save(r, state, [rep.host for rep in reps])
-    bar.close()
-    for rep in reps:
-        rep.close()
+    r = saved = start
+    try:
+        with interrupts.deferred():
+            while r < end and running(reps):
+                stop = block_end(config, r, end, length)
+                schedule = program.place(np.array([r, stop, config.eval_every, end], np.int32))
+                t0 = time.perf_counter()
+                with jax.transfer_guard("disallow"):
+                    state, out = compiled(state, *program.args, schedule)
+                out = jax.device_get(out)
+                seconds = (time.perf_counter() - t0) / (stop - r)
+                with interrupts.critical():
+                    read_block(out, program, reps, r + 1, seconds, eps)
+                    bar.block(stop - r, [rep.rows[-1] for rep in reps if running([rep]) and rep.rows], stop)
+                    r = stop
+                    signum = interrupts.requested()
+                    if (is_checkpoint(config, r, end) or signum) and running(reps):
+                        program.save(r, state, [rep.host for rep in reps])
+                        saved = r
+                if signum:
+                    raise interrupts.Interrupted(signum)
+    except interrupts.Interrupted as e:
+        raise interrupts.Interrupted(e.signum, saved, config.rounds) from None
+    finally:
+        bar.close()
+        for rep in reps:
+            rep.close()
     if r == end < config.rounds:
         logging.info(
             "stop before round %d: epsilon %.3f > target %g", r + 1, eps[r + 1], config.dp.target_epsilon
@@ -307,6 +317,11 @@ def run_loop(program: Program, compiled, length: int, reps: list, state, start: 
     return state, end, eps
 
 
+def running(reps: list) -> bool:
+    """Whether any replica has not diverged."""
+    return any(rep.host["diverged"] is None for rep in reps)
+
+
 def divergence_knobs(config) -> str:
     """The settings that usually make a run diverge, as `name=value` pairs."""
     knobs = [f"optimizer={config.optimizer}", f"learning_rate={config.learning_rate:g}"]
@@ -316,6 +331,13 @@ def divergence_knobs(config) -> str:
         f"local_steps={config.local_steps}" if config.local_steps else f"local_epochs={config.local_epochs}"
     )
     knobs.append(f"batch_size={config.batch_size}")
+    if config.dp.enabled:
+        k = config.clients_per_round or config.num_clients
+        std = config.dp.noise_multiplier * config.dp.clip_norm / k
+        knobs.append(
+            f"dp.noise_multiplier={config.dp.noise_multiplier:g} and dp.clip_norm={config.dp.clip_norm:g} "
+            f"(noise std {std:.3g} on each coordinate of the mean update of {k} clients)"
+        )
     options = config[config.algorithm] if config.algorithm in config else {}
     named = DIVERGENCE_KNOBS.get(config.algorithm, ())
     for option, value in sorted(options.items()):
@@ -335,6 +357,8 @@ def divergence_advice(config) -> str:
             tries.append(f"--config.{config.algorithm}.{option}={value / 10:g}")
     if config.optimizer == "sgd" and config.momentum:
         tries.append("--config.momentum=0")
+    if config.dp.enabled and config.dp.noise_multiplier > 0:
+        tries.append(f"--config.dp.clip_norm={config.dp.clip_norm / 2:g} (half the noise, more clipping)")
     return " or ".join(tries)
 
 

@@ -12,14 +12,18 @@ the latest checkpoint. Off a terminal, progress goes to stderr as log lines.
 Exit codes: 0 completed; 2 bad input (one line on stderr, nothing trained);
 3 the run diverged (one line naming the round, the algorithm and the usual
 knobs; summary.json has "status": "diverged"); 4 out of device memory (one line;
-what was written is kept, rerunning resumes).
+what was written is kept, rerunning resumes); 5 a multi-process run lost a
+process (one line naming it; the last checkpoint stays, rerunning every process
+resumes; a process that never joined is exit 2); 130 / 143 interrupted by SIGINT
+(Ctrl-C) / SIGTERM: the run stops after the block of rounds in flight,
+checkpoints that round and says so in one line (a second signal stops at once;
+the last checkpoint stays); rerunning resumes. A second process on the same
+workdir is refused (exit 2, naming the holder).
 """
 
 from __future__ import annotations
 
-import sys
-
-from absl import app, flags
+from absl import flags
 
 from pfljax.experiment.cli import (
     EXIT_DIVERGED,
@@ -28,9 +32,10 @@ from pfljax.experiment.cli import (
     fail,
     is_primary,
     out_of_memory_exits,
-    parse_flags,
-    set_usage,
+    run_binary,
     start,
+    stopped_run,
+    stopping_on_signals,
 )
 
 USAGE = __doc__
@@ -41,14 +46,15 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-    start(argv, _DISTRIBUTED())
-    from pfljax.experiment import ConfigError, train_and_evaluate  # pylint: disable=import-outside-toplevel
+    with stopping_on_signals(lambda e: stopped_run(e, _WORKDIR.value)):
+        start(argv, _DISTRIBUTED())
+        from pfljax.experiment import ConfigError, train_and_evaluate  # pylint: disable=import-outside-toplevel
 
-    try:
-        with out_of_memory_exits(_WORKDIR.value):
-            summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except ConfigError as e:
-        fail(str(e))
+        try:
+            with out_of_memory_exits(_WORKDIR.value):
+                summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        except ConfigError as e:
+            fail(str(e))
     if summary["status"] == "diverged":
         fail(summary["divergence"], EXIT_DIVERGED)
     if not is_primary():  # in a multi-process run, process 0 reports (and wrote the outputs)
@@ -61,8 +67,7 @@ def main(argv):
 
 def run() -> None:
     """Entry point of the `pfljax-run` console script."""
-    set_usage(USAGE, sys.argv)
-    app.run(main, flags_parser=parse_flags)
+    run_binary(main, USAGE)
 
 
 if __name__ == "__main__":

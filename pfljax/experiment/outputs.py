@@ -23,6 +23,7 @@ import os
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 
 def jsonable(value: Any) -> Any:
@@ -43,13 +44,18 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def write_json(path: str, value: Any) -> None:
-    """Writes JSON atomically (a temporary file, then rename)."""
+def write_text(path: str, text: str) -> None:
+    """Writes `text` atomically (a temporary file, then rename): a reader or a killed
+    writer never leaves half a file."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(jsonable(value), f, indent=1)
-        f.write("\n")
+        f.write(text)
     os.replace(tmp, path)
+
+
+def write_json(path: str, value: Any) -> None:
+    """Writes JSON atomically (`write_text`)."""
+    write_text(path, json.dumps(jsonable(value), indent=1) + "\n")
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
@@ -111,10 +117,19 @@ class JsonlLog:
         self.path = path
 
     def rows(self) -> list[dict]:
+        """The rows; a line that does not parse (a write cut by a kill) is dropped with a warning."""
         if not os.path.exists(self.path):
             return []
+        rows = []
         with open(self.path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    logging.warning("%s: line %d is cut short: dropped", self.path, number)
+        return rows
 
     def truncate(self, last_round: int) -> list[dict]:
         """Keeps rows with round <= last_round (drops what a killed run wrote

@@ -57,7 +57,8 @@ def main(argv):
         resolve,
     )
     from pfljax.experiment.outputs import write_json  # pylint: disable=import-outside-toplevel
-    from pfljax.experiment.train import check_workdir, data_title  # pylint: disable=import-outside-toplevel
+    from pfljax.experiment.train import data_title  # pylint: disable=import-outside-toplevel
+    from pfljax.experiment.workdir import check_workdir  # pylint: disable=import-outside-toplevel
 
     try:
         check_workdir(_OUTDIR.value)

@@ -7,6 +7,7 @@ Legends sit below the axes, so they never cover a curve; long titles wrap.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Sequence
 
@@ -39,7 +40,10 @@ def _legend_below(ax, ncol: int = 2) -> None:
 
 
 def _save(plt, fig, path: str) -> None:
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    """Writes the figure to `path` atomically (a temporary file, then rename) and closes it."""
+    tmp = f"{path}.tmp"
+    fig.savefig(tmp, dpi=100, bbox_inches="tight", format=os.path.splitext(path)[1][1:] or "png")
+    os.replace(tmp, path)
     plt.close(fig)
 
 

@@ -19,6 +19,7 @@ Not supported (ConfigError before training): more than one device
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -39,7 +40,8 @@ from pfljax.experiment.config import (
     to_plain,
 )
 from pfljax.experiment.loop import Program, Replica, compile_block, finish, new_host, run_loop, write_summary
-from pfljax.experiment.train import EVAL_STREAM, check_workdir, eval_key, write_run_files
+from pfljax.experiment.train import EVAL_STREAM, eval_key, write_run_files
+from pfljax.experiment.workdir import claim
 from pfljax.runtime import replicas as R
 from pfljax.runtime.blocks import all_finite, make_block
 
@@ -180,15 +182,23 @@ def train_replicas(
         (an option that cannot vary, different partitions, too many replicas for
         the memory, a workdir holding another run).
     """
-    t_start = time.perf_counter()
     try:
         R.resolve_strategy(strategy)
     except ValueError as e:
         raise ConfigError(str(e)) from e
     if len(configs) != len(workdirs) or not configs:
         raise ConfigError("give one workdir per config, at least one")
-    for w in workdirs:
-        check_workdir(w)
+    with contextlib.ExitStack() as claims:
+        for w in workdirs:
+            claims.enter_context(claim(w))
+        return _checked_run(
+            configs, workdirs, fed_data, grid, checkpoint_dir, memory_limit, dry_run, strategy
+        )
+
+
+def _checked_run(configs, workdirs, fed_data, grid, checkpoint_dir, memory_limit, dry_run, strategy):
+    """train_replicas once its workdirs are claimed: every check, then the run."""
+    t_start = time.perf_counter()
     # Validates every value concretely; the replicas run on one device even where several
     # are visible (num_devices 0 = all, --cpu_devices).
     preps = [prepare(c, fed_data, one_device=True) for c in configs]
@@ -254,21 +264,20 @@ def _check_fresh_workdirs(checkpoint_dir: str, workdirs) -> None:
 
 
 def _restore(ckpts, configs, plains, workdirs, template):
-    """(start round, stacked states, per-replica host totals): from the checkpoint, or fresh."""
-    start = ckpts.latest() or 0
-    if not start:
-        return 0, template, [new_host() for _ in configs]
-    saved = ckpts.restore_host(start)
-    if len(saved["configs"]) != len(configs):
-        raise ConfigError(
-            f"{ckpts.directory!r} holds a checkpoint of {len(saved['configs'])} replicas, not {len(configs)}"
-        )
-    for s, p, w in zip(saved["configs"], plains, workdirs):
-        check_config(s, p, w)
-    if configs[0].rounds < start:
-        raise ConfigError(f"config.rounds={configs[0].rounds} is below round {start} of the checkpoint")
-    states, saved = ckpts.restore(start, template)
-    return start, states, saved["replicas"]
+    """(start round, stacked states, per-replica host totals): from the newest
+    checkpoint that restores, or fresh."""
+
+    def check(step, saved):
+        if len(saved["configs"]) != len(configs):
+            held = len(saved["configs"])
+            raise ConfigError(f"{ckpts.directory!r}: a checkpoint of {held} replicas, not {len(configs)}")
+        for s, p, w in zip(saved["configs"], plains, workdirs):
+            check_config(s, p, w)
+        if configs[0].rounds < step:
+            raise ConfigError(f"config.rounds={configs[0].rounds} is below round {step} of the checkpoint")
+
+    start, states, saved = ckpts.restore_latest(template, check)
+    return (start, states, saved["replicas"]) if start else (0, template, [new_host() for _ in configs])
 
 
 def replicas_program(reps: R.Replicas, data, run_keys, ckpts, plains) -> Program:

@@ -41,6 +41,7 @@ from pfljax.experiment.loop import (  # noqa: F401  (re-exported: compare, parti
     write_summary,
 )
 from pfljax.experiment.outputs import read_json, write_json
+from pfljax.experiment.workdir import claim
 from pfljax.runtime.blocks import all_finite, make_block
 from pfljax.runtime.memory import check_fits, host_memory_report, memory_report
 from pfljax.runtime.offload import HostBlock, Offload, gather_data
@@ -65,22 +66,6 @@ def _host(state):
 
         return multihost_utils.process_allgather(state, tiled=True)
     return jax.device_get(state)
-
-
-def check_workdir(workdir: str) -> None:
-    """ConfigError unless `workdir` is (or can be made) a writable directory."""
-    if not workdir:
-        raise ConfigError("--workdir is empty: give an output directory")
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ConfigError(f"--workdir={workdir!r} is a file, not a directory: give a directory")
-    try:
-        os.makedirs(workdir, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(
-            f"--workdir={workdir!r} cannot be created ({e.strerror}): give a writable directory"
-        ) from e
-    if not os.access(workdir, os.W_OK | os.X_OK):
-        raise ConfigError(f"--workdir={workdir!r} is not writable: give a writable directory")
 
 
 def write_run_files(workdir: str, plain: dict, prep, config) -> None:
@@ -112,28 +97,28 @@ def train_and_evaluate(config, workdir: str, *, fed_data=None, progress: bool = 
         or one holding another config's checkpoint; raised before training.
     """
     t_start = time.perf_counter()
-    check_workdir(workdir)
-    prep = prepare(config, fed_data)
-    ckpts = Checkpoints(os.path.join(workdir, "checkpoints"))
-    try:
-        return _run(prep, workdir, ckpts, progress, t_start)
-    finally:
-        ckpts.close()
+    with claim(workdir, lock=jax.process_index() == 0):
+        prep = prepare(config, fed_data)
+        ckpts = Checkpoints(os.path.join(workdir, "checkpoints"))
+        try:
+            return _run(prep, workdir, ckpts, progress, t_start)
+        finally:
+            ckpts.close()
 
 
 def _restore(config, plain, ckpts, template, workdir):
-    """(start round, state, host totals): from the latest checkpoint, or fresh."""
-    start = ckpts.latest() or 0
-    if not start:
-        return 0, template, new_host()
-    check_config(ckpts.restore_host(start)["config"], plain, workdir)
-    if config.rounds < start:
-        raise ConfigError(
-            f"config.rounds={config.rounds} is below round {start} of the checkpoint in {workdir!r}; "
-            f"give --config.rounds >= {start} or another --workdir"
-        )
-    state, host = ckpts.restore(start, template)
-    return start, state, host
+    """(start round, state, host totals): from the newest checkpoint that restores, or fresh."""
+
+    def check(step, host):
+        check_config(host["config"], plain, workdir)
+        if config.rounds < step:
+            raise ConfigError(
+                f"config.rounds={config.rounds} is below round {step} of the checkpoint in {workdir!r}; "
+                f"give --config.rounds >= {step} or another --workdir"
+            )
+
+    start, state, host = ckpts.restore_latest(template, check)
+    return start, state, host if start else new_host()
 
 
 def single_program(prep, run, ckpts, plain, run_key, state) -> Program:

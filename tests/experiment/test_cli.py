@@ -146,7 +146,8 @@ HIDDEN = {
 }
 
 
-def _argv(binary: str, args: list[str], tmp) -> list[str]:
+def _argv(binary: str, args: list[str], tmp, index: int = 0) -> list[str]:
+    """The case's command line; each case its own workdir (runs on one workdir exclude each other)."""
     base = list(TINY_FLAGS)
     if "--help" in args or "--helpfull" in args:
         return list(args)
@@ -155,7 +156,7 @@ def _argv(binary: str, args: list[str], tmp) -> list[str]:
     elif binary == PARTITION:
         base.append(f"--outdir={tmp}/part")
     else:
-        base.append(f"--workdir={tmp}/run")
+        base.append(f"--workdir={tmp}/run{index}")
     if binary == COMPARE:
         base += ["--algorithms=fedavg,local", "--seeds=0"]
     if any(a.startswith("--config=") for a in args) and not binary.endswith("partition_main"):
@@ -177,7 +178,7 @@ def _env():
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad")
     (tmp / "a_file").write_text("not a directory\n")
-    cases = [{"module": b, "args": _argv(b, a, tmp), "cwd": ROOT} for b, a, _ in CASES]
+    cases = [{"module": b, "args": _argv(b, a, tmp, i), "cwd": ROOT} for i, (b, a, _) in enumerate(CASES)]
     cases += [
         {"module": b, "args": _argv(b, a, tmp), "cwd": cwd.format(dir=tmp) if cwd else ROOT}
         | {"hide": HIDDEN.get(name, [])}
@@ -205,7 +206,7 @@ def test_bad_input_is_one_line_naming_the_flag_and_exit_2(results, index):
     assert len(lines[0]) < 1200, context
     for needle in needles:
         assert needle in lines[0], (needle, context)
-    assert not os.path.exists(os.path.join(results[0], "run", "metrics.jsonl"))  # nothing trained
+    assert not os.path.exists(os.path.join(results[0], f"run{index}"))  # nothing written, no empty workdir
 
 
 def _run(results, name):
@@ -231,7 +232,8 @@ def test_help_lists_the_config_fields_and_algorithm_options(results):
             "Config fields" in text and "  learning_rate=None  -- > 0; unset: the optimizer's default" in text
         )
         assert "  fedfac: " in text and "tau_quantile=50.0" in text and "Shipped configs" in text
-        assert "Exit codes: 0 completed, 2 bad input, 3 a run diverged, 4 out of device memory." in text
+        assert "Exit codes: 0 completed, 2 bad input, 3 a run diverged, 4 out of device memory, " in text
+        assert "130 / 143 interrupted by SIGINT / SIGTERM." in text
         (dp,) = [line for line in text.splitlines() if line.startswith("  dp.<option>=value")]
         assert "enabled=False" in dp and "noise_multiplier=1.0" in dp and "ConfigDict" not in text
     assert "pfljax-run" in results[3]["main_help"]["stdout"]

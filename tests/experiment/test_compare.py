@@ -62,3 +62,19 @@ def test_compare_two_algorithms_two_seeds(tmp_path):
     assert starts[1].startswith("run 1/4 done: fedavg seed 0, final mean acc ")
     assert len(starts) == 8 and starts[-1].startswith("run 4/4 done: local seed 1")
     assert "] compare: 4 runs in " in proc.stderr and f"(0 diverged); results in {workdir}" in proc.stderr
+
+
+def test_one_seed_reports_its_values_without_a_spread():
+    from pfljax.experiment import base_config  # noqa: PLC0415
+    from pfljax.experiment.compare import aggregate, markdown_table  # noqa: PLC0415
+    from pfljax.experiment.config import resolve  # noqa: PLC0415
+    from tests.experiment.tiny import tiny_config  # noqa: PLC0415
+
+    run = {"seed": 3, "final_mean_accuracy": 0.5, "best_mean_accuracy": 0.625, "final_worst10_accuracy": 0.25}
+    config = resolve(tiny_config(base_config()))[0]
+    one = markdown_table(aggregate({"fedavg": [run]}), config, [3])
+    assert "2 rounds; seed 3\n" in one and "| fedavg | 50.00 | 62.50 | 25.00 |" in one and "+-" not in one
+    two = markdown_table(
+        aggregate({"fedavg": [run, {**run, "seed": 4, "final_mean_accuracy": 0.7}]}), config, [3, 4]
+    )
+    assert "mean +- std over seeds [3, 4]" in two and "| fedavg | 60.00 +- 10.00 | 62.50 +- 0.00 |" in two

@@ -1,7 +1,8 @@
 """Multi-process runs of the real binary: two CPU processes on 127.0.0.1 (jax.distributed,
 gloo collectives), one device each, form one 2-device mesh and give the numbers of one
 process with 2 devices; only process 0 writes; a 2-process run resumes from its
-checkpoint; a process that cannot reach the coordinator fails in one line.
+checkpoint; a process that cannot reach the coordinator, a process 0 whose peer never
+joins and a process 0 whose peer is killed during the run each fail in one line.
 
 Every process is bounded by a timeout; on any failure all are killed and their stderr
 is shown.
@@ -9,6 +10,8 @@ is shown.
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +21,8 @@ import time
 import numpy as np
 import pytest
 
+from pfljax.experiment import peers
+from pfljax.experiment.cli import EXIT_BAD_INPUT, EXIT_LOST_PEER
 from tests.experiment.tiny import ROOT, TINY_FLAGS, binary_env
 
 TIMEOUT = 240  # seconds for a wave of processes (a tiny run takes ~10 s on 2 cores)
@@ -43,6 +48,14 @@ def distributed(port: int, process_id: int, timeout: int = 60) -> list[str]:
         f"--process_id={process_id}",
         f"--initialization_timeout={timeout}",
     ]
+
+
+def one_error_line(stderr: str) -> str:
+    """The only `error:` line of a process that ended itself, with no C++ fatal error or traceback."""
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, stderr[-4000:]
+    assert not re.search(r"^F\d{4} |Check failed|Fatal|Traceback", stderr, re.MULTILINE), stderr[-4000:]
+    return errors[0]
 
 
 def run_wave(commands: list[list[str]], devices: int = 1, timeout: float = TIMEOUT) -> list[dict]:
@@ -176,3 +189,93 @@ def test_vectorized_seeds_with_several_cpu_devices_run_on_one(tmp_path):
         got, want = (summary(os.path.join(w, "fedavg", f"seed_{seed}")) for w in (two, one))
         for key in ("final_mean_accuracy", "per_client_accuracy", "best_mean_accuracy"):
             np.testing.assert_allclose(got[key], want[key], rtol=RTOL, err_msg=key)
+
+
+def test_peer_never_joins(tmp_path):
+    """Process 0 alone with --num_processes=2: after --initialization_timeout, one line naming
+    process 1 and the timeout, exit 2 (not XLA's fatal error, exit 134)."""
+    port = free_port()
+    t0 = time.perf_counter()
+    (result,) = run_wave([command(distributed(port, 0, timeout=5), str(tmp_path / "w"))], timeout=90)
+    assert result["rc"] == EXIT_BAD_INPUT, result["stderr"][-4000:]
+    line = one_error_line(result["stderr"])
+    assert line.startswith(
+        "error: --num_processes=2: process 1 did not join the coordinator at 127.0.0.1:"
+    ), line
+    assert f":{port} " in line and "--initialization_timeout=5 s" in line, line
+    assert time.perf_counter() - t0 < 5 + 45  # the timeout, plus start-up on a busy machine
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_peer_lost_during_the_run(tmp_path, signal_name):
+    """2 processes; process 1 killed (SIGKILL) or hung (SIGSTOP) once a checkpoint is written:
+    process 0 ends within a bounded time with EXIT_LOST_PEER and one line naming process 1,
+    keeping the checkpoints written so far (jax alone prints a traceback, or waits in orbax's
+    barrier, then ends in XLA's fatal error at its heartbeat timeout, ~100 s, exit 134). A hung
+    process is found by its missing heartbeat (30 s)."""
+    workdir, port = tmp_path / "w", free_port()
+    env = binary_env(PYTHONPATH=ROOT)
+    args = ["--config.rounds=1000"]
+    logs = [(open(tmp_path / f"{i}.out", "w+"), open(tmp_path / f"{i}.err", "w+")) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            command([*args, *distributed(port, i)], str(workdir)), cwd=ROOT, env=env, stdout=o, stderr=e
+        )
+        for i, (o, e) in enumerate(logs)
+    ]
+    try:
+        deadline = time.perf_counter() + TIMEOUT
+        while not saved(workdir):
+            assert all(p.poll() is None for p in procs) and time.perf_counter() < deadline, "no checkpoint"
+            time.sleep(0.1)
+        first = saved(workdir)
+        procs[1].send_signal(getattr(signal, signal_name))
+        killed = time.perf_counter()
+        try:
+            rc = procs[0].wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            rc = "still running after 60 s"
+        seconds = time.perf_counter() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    logs[0][1].seek(0)
+    stderr = logs[0][1].read()
+    for o, e in logs:
+        o.close(), e.close()
+    assert rc == EXIT_LOST_PEER, stderr[-4000:]
+    line = one_error_line(stderr)
+    assert line.startswith("error: lost process 1 of --num_processes=2 during the run ("), line
+    assert "resume from the last checkpoint" in line, line
+    assert seconds < peers.LOST_AFTER_S + 15  # at once when the collective in flight fails
+    assert rounds(str(workdir))[0] == 1
+    assert saved(workdir) and max(saved(workdir)) >= max(first)  # rerunning resumes from the last one
+
+
+def saved(workdir) -> list[int]:
+    """The rounds of the complete checkpoints in `workdir` (orbax names them by round)."""
+    path = os.path.join(workdir, "checkpoints")
+    return sorted(int(name) for name in os.listdir(path) if name.isdigit()) if os.path.isdir(path) else []
+
+
+def test_peer_messages():
+    """A failed gloo collective is found through an exception's causes (other errors are not);
+    the lines name the missing or lost process when there is one other."""
+    try:
+        try:
+            raise RuntimeError(
+                "UNKNOWN: Gloo AllGather failed: [pair.cc:547] Connection closed by peer [::1]:1"
+            )
+        except RuntimeError as e:
+            raise ValueError("while saving") from e
+    except ValueError as e:
+        assert peers.gloo_lost(e).startswith("UNKNOWN: Gloo AllGather failed")
+    assert peers.gloo_lost(RuntimeError("Gloo: bad shape")) is None
+    assert peers.gloo_lost(ValueError("Connection closed by peer")) is None
+    assert "process 1 did not join" in peers.not_joined_message(0, 2, "h:1", 5)
+    assert "not every process of 0 .. 2 joined" in peers.not_joined_message(1, 3, "h:1", 5)
+    assert peers.lost_message(1, 2, None, "x").startswith("lost process 0 of --num_processes=2")
+    assert peers.lost_message(0, 4, [2, 3], "x").startswith("lost processes 2, 3 of --num_processes=4")
+    assert peers.lost_message(0, 4, None, "x").startswith("lost a process of --num_processes=4")

@@ -196,20 +196,44 @@ def test_an_exploding_but_finite_loss_is_a_divergence():
 def test_client_level_dp_reports_epsilon_and_stops_at_the_budget(tmp_path):
     from pfljax.core.privacy import epsilon  # noqa: PLC0415
 
-    config = tiny_config(base_config(), rounds=6, clients_per_round=3)
-    config.dp.enabled, config.dp.noise_multiplier, config.dp.clip_norm = True, 1.0, 0.5
-    budget = (epsilon(1.0, 6, 3, 3, 6**-1.1) + epsilon(1.0, 6, 3, 4, 6**-1.1)) / 2
-    config.dp.target_epsilon = budget
+    def dp_config(rounds=6):
+        config = tiny_config(base_config(), rounds=rounds, clients_per_round=3)
+        config.dp.enabled, config.dp.noise_multiplier, config.dp.clip_norm = True, 1.0, 0.5
+        config.dp.target_epsilon = budget
+        return config
+
+    delta = 1e-5  # the default: min(1e-5, 1 / 6^1.1)
+    budget = (epsilon(1.0, 6, 3, 3, delta) + epsilon(1.0, 6, 3, 4, delta)) / 2
     workdir = str(tmp_path / "dp")
-    summary = train_and_evaluate(config, workdir)
+    summary = train_and_evaluate(dp_config(), workdir)
     assert summary["status"] == "privacy_budget_reached" and summary["rounds_run"] == 3
     rows = JsonlLog(os.path.join(workdir, "metrics.jsonl")).rows()
     assert [r["round"] for r in rows] == [1, 2, 3]
     for r in rows:
-        assert r["dp_epsilon"] == pytest.approx(epsilon(1.0, 6, 3, r["round"], 6**-1.1), rel=1e-9)
+        assert r["dp_epsilon"] == pytest.approx(epsilon(1.0, 6, 3, r["round"], delta), rel=1e-9)
         assert 0 <= r["dp_clipped_fraction"] <= 1
     assert summary["dp_epsilon"] == pytest.approx(rows[-1]["dp_epsilon"]) and summary["dp_epsilon"] <= budget
-    assert summary["dp_delta"] == pytest.approx(6**-1.1)
+    assert summary["dp_delta"] == delta
+    # Killed after round 2's checkpoint and resumed: the accountant goes on exactly.
+    resumed = str(tmp_path / "resumed")
+    train_and_evaluate(dp_config(rounds=2), resumed)
+    again = train_and_evaluate(dp_config(), resumed)
+    assert numbers(again) == numbers(summary)
+    assert [r["dp_epsilon"] for r in JsonlLog(os.path.join(resumed, "metrics.jsonl")).rows()] == [
+        r["dp_epsilon"] for r in rows
+    ]
+
+
+def test_a_delta_that_allows_publishing_a_client_is_refused(tmp_path):
+    config = tiny_config(base_config())
+    config.dp.enabled, config.dp.delta = True, 1 / 6
+    with pytest.raises(
+        ConfigError, match=r"config.dp.delta=0.166667 is >= 1/num_clients = 0.166667.*dp.delta <"
+    ):
+        train_and_evaluate(config, str(tmp_path / "run"))
+    assert not os.path.exists(tmp_path / "run")  # refused before anything was written
+    config.dp.delta = 0.16
+    assert train_and_evaluate(config, str(tmp_path / "ok"))["dp_delta"] == 0.16
 
 
 def test_dp_is_refused_for_an_algorithm_that_mixes_client_models(tmp_path):
@@ -240,3 +264,45 @@ def test_memory_report_in_summary_and_a_run_that_cannot_fit_is_refused(tmp_path,
     with pytest.raises(ConfigError, match=r"MiB are available.*--config.num_clients"):
         train_and_evaluate(tiny_config(base_config(), rounds=1), str(workdir))
     assert not (workdir / "metrics.jsonl").exists() or not (workdir / "metrics.jsonl").read_text()
+
+
+def _damage(step_dir: str) -> None:
+    """Cuts every file of a checkpoint's state to half its size (a write cut short)."""
+    for root, _, files in os.walk(os.path.join(step_dir, "state")):
+        for name in files:
+            path = os.path.join(root, name)
+            os.truncate(path, os.path.getsize(path) // 2)
+
+
+def test_a_damaged_checkpoint_and_a_cut_metrics_line_resume_from_the_checkpoint_before(tmp_path, caplog):
+    full, w = str(tmp_path / "full"), str(tmp_path / "damaged")
+    reference = train_and_evaluate(tiny_config(base_config(), rounds=4, clients_per_round=4), full)
+    train_and_evaluate(tiny_config(base_config(), rounds=3, clients_per_round=4), w)
+    _damage(os.path.join(w, "checkpoints", "3"))
+    with open(os.path.join(w, "metrics.jsonl"), "a") as f:
+        f.write('{"round": 4, "mean_acc')  # a row cut mid-line
+    resumed = train_and_evaluate(tiny_config(base_config(), rounds=4, clients_per_round=4), w)
+    assert numbers(resumed) == numbers(reference) and rows(w) == rows(full)
+    assert "checkpoint 3 in" in caplog.text and "does not restore" in caplog.text
+    assert os.path.isdir(os.path.join(w, "checkpoints.damaged", "3"))
+    assert "line 4 is cut short: dropped" in caplog.text
+    # Every checkpoint damaged: one ConfigError saying how to start fresh.
+    for step in os.listdir(os.path.join(w, "checkpoints")):
+        _damage(os.path.join(w, "checkpoints", step))
+    with pytest.raises(
+        ConfigError, match=r"no checkpoint in .* restores .*to start fresh, give another --workdir"
+    ):
+        train_and_evaluate(tiny_config(base_config(), rounds=5, clients_per_round=4), w)
+
+
+def test_under_dp_the_divergence_message_names_the_noise():
+    from pfljax.experiment.config import resolve  # noqa: PLC0415
+    from pfljax.experiment.loop import divergence_message  # noqa: PLC0415
+
+    config = tiny_config(base_config(), clients_per_round=4)
+    config.dp.enabled, config.dp.noise_multiplier, config.dp.clip_norm = True, 2.0, 0.5
+    text = divergence_message(resolve(config)[0], 3, "train loss nan", "w")
+    assert "dp.noise_multiplier=2 and dp.clip_norm=0.5 (noise std 0.25 on each coordinate" in text
+    assert "--config.dp.clip_norm=0.25" in text
+    config.dp.enabled, config.dp.noise_multiplier, config.dp.clip_norm = False, 1.0, 1.0
+    assert "dp." not in divergence_message(resolve(config)[0], 3, "train loss nan", "w")
