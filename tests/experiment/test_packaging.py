@@ -32,7 +32,7 @@ def setuptools_reads_spdx_license() -> bool:
 def test_wheel_ships_configs_and_console_scripts_that_run_anywhere(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(os.path.join(ROOT, name), src / name)
     skip = shutil.ignore_patterns("__pycache__")
     shutil.copytree(os.path.join(ROOT, "pfljax"), src / "pfljax", ignore=skip)
@@ -48,6 +48,8 @@ def test_wheel_ships_configs_and_console_scripts_that_run_anywhere(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "pfljax/experiment/configs/federico_fmnist.py" in names
     assert "pfljax/models/onednn_conv.cc" in names  # built on first use by pfljax.models.onednn
+    assert "pfljax/py.typed" in names  # PEP 561: type checkers read pfljax's annotations
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith("experiments/") for n in names)  # the repository's scripts stay out
     entry_points = zipfile.ZipFile(wheel).read("pfljax-0.1.0.dist-info/entry_points.txt").decode()
     for line in (
