@@ -11,12 +11,12 @@ FMNIST_FILE := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 DEMO_DATA := $(if $(wildcard $(FMNIST_FILE)),fashion_mnist,simulation)
 WORKDIR ?= runs/demo/$(DEMO_DATA)
 
-.PHONY: venv demo test bench lint clean
+.PHONY: venv demo test bench lint docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,tfds,experiments,natural]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,tfds,experiments,natural,docs]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -41,5 +41,10 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check pfljax experiments tests
 
+# The documentation, warnings as errors: HTML in docs/_build/html (the algorithm pages are
+# generated from pfljax.algorithms at build time; tests/test_docs.py runs the same build).
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -b html -q docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) .jax_cache .pytest_cache runs
+	rm -rf $(VENV) .jax_cache .pytest_cache runs docs/_build docs/algorithms
