@@ -34,6 +34,7 @@ import optax
 
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map, broadcast, take
+from pfljax.core.domains import checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.heads import linear_head
 from pfljax.core.local import LocalTraining, make_local_train
@@ -141,6 +142,7 @@ def evaluate(model: Model, client_map, head: str, state: FedRoDState, data: Clie
     return {**scores, "generic_accuracy": generic["accuracy"]}
 
 
+@checked({})
 def build(
     model: Model,
     local: LocalTraining,

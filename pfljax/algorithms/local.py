@@ -5,6 +5,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from pfljax.core.clients import as_client_map, broadcast, take
+from pfljax.core.domains import checked
 from pfljax.core.evaluate import evaluate_clients
 from pfljax.core.local import make_local_train
 from pfljax.core.round import client_step, federated_round
@@ -25,6 +26,7 @@ def server_update(state, trained, part):  # nothing averaged: the new models are
     return state._replace(client_params=part.scatter(state.client_params, trained)), {}
 
 
+@checked({})  # no numeric options; checks the model and local arguments and the data
 def build(model, local, *, clients_per_round: int | None = None, client_map="auto") -> Algorithm:
     """Each participant trains its own model from where it left off; zero bytes."""
     cmap, train = as_client_map(client_map), make_local_train(model.apply, local)

@@ -15,6 +15,14 @@ got X"), but only concrete values: a traced value (a grid's hyperparameter,
 built inside the vmapped program of `pfljax.runtime.replicas.replicate_grid`) has
 no value to check there; the experiment config checked each grid point.
 
+`checked` also checks the arguments every build shares, by name: `model` must be
+a `pfljax.models.base.Model` and `local` a `pfljax.core.local.LocalTraining`
+(TypeError naming the argument and how to make one). Where both are given, the
+returned Algorithm's `evaluate` checks its data against the state and the model
+(`pfljax.core.evaluate.check_data`) and its `round` the data against the model
+(the round itself checks the data against the state: `pfljax.core.round`): in
+Python, before JAX sees the values, so the compiled programs are unchanged.
+
 Non-finite values are outside every domain, except +inf where the domain's high
 end is `math.inf` and closed (dp.clip_norm: inf is "no clipping"). A tuple
 value (layer widths) is checked entry by entry; entries that are not numbers
@@ -132,9 +140,11 @@ def check(domains: Mapping[str, Domain], values: Mapping[str, Any], prefix: str 
 
 
 def checked(domains: Mapping[str, Domain]) -> Callable[[Callable], Callable]:
-    """Decorator of an algorithm's `build`: its options with a domain in `domains` are
-    checked (`check`) before it runs; `domains_of(build)` returns them. Every name
-    in `domains` must be a keyword-only parameter of `build` (TypeError otherwise)."""
+    """Decorator of an algorithm's `build`: its `model` and `local` arguments are
+    checked (`check_arguments`) and its options with a domain in `domains`
+    (`check`) before it runs; `domains_of(build)` returns the domains. Every name
+    in `domains` must be a keyword-only parameter of `build` (TypeError otherwise).
+    The Algorithm it returns checks its data (`with_data_checks`)."""
 
     def wrap(build: Callable) -> Callable:
         sig = inspect.signature(build)
@@ -147,13 +157,92 @@ def checked(domains: Mapping[str, Domain]) -> Callable[[Callable], Callable]:
         def checked_build(*args, **kwargs):
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
+            check_arguments(bound.arguments)
             check(domains, bound.arguments)
-            return build(*args, **kwargs)
+            algorithm = build(*args, **kwargs)
+            if "model" in bound.arguments and "local" in bound.arguments:
+                return with_data_checks(algorithm, bound.arguments["model"], bound.arguments["local"])
+            return algorithm
 
         checked_build.domains = dict(domains)
         return checked_build
 
     return wrap
+
+
+MODEL_HINT = "pfljax.models.build_model(...) or pfljax.models.from_flax(module, ...)"
+LOCAL_HINT = "LocalTraining(optax.sgd(0.05), batch_size=32, epochs=1) from pfljax.core.local"
+
+
+def check_arguments(arguments: Mapping[str, Any]) -> None:
+    """TypeError unless `arguments["model"]` (where given) is a pfljax Model and
+    `arguments["local"]` a LocalTraining, saying how to make one: a flax module is
+    wrapped with `from_flax`, an optax optimizer with `LocalTraining`."""
+    # Imported here: pfljax.core.local imports this module.
+    import flax.linen as nn  # pylint: disable=import-outside-toplevel
+    import optax  # pylint: disable=import-outside-toplevel
+
+    from pfljax.core.local import LocalTraining  # pylint: disable=import-outside-toplevel
+    from pfljax.models.base import Model  # pylint: disable=import-outside-toplevel
+
+    if "model" in arguments and not isinstance(arguments["model"], Model):
+        model = arguments["model"]
+        message = f"build(model=...): expected a pfljax Model ({MODEL_HINT}), got {_type_name(model)}"
+        if isinstance(model, nn.Module):
+            message += (
+                "; wrap the flax module: pfljax.models.from_flax(module, input_shape, num_outputs) "
+                "(its __call__ takes (x, train))"
+            )
+        elif isinstance(model, str):
+            message += f"; make one: pfljax.models.build_model({model!r}, input_shape, num_outputs)"
+        elif isinstance(model, LocalTraining):
+            message += "; build(model, local, ...) takes the model first, then the LocalTraining"
+        raise TypeError(message)
+    if "local" in arguments and not isinstance(arguments["local"], LocalTraining):
+        local = arguments["local"]
+        message = f"build(local=...): expected a LocalTraining, e.g. {LOCAL_HINT}, got {_type_name(local)}"
+        if isinstance(local, optax.GradientTransformation):
+            message += "; wrap the optax optimizer: LocalTraining(optimizer, batch_size=..., epochs=...)"
+        raise TypeError(message)
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def with_data_checks(algorithm: Any, model: Any, local: Any) -> Any:
+    """`algorithm` (an Algorithm; anything else as is) whose `round` and `evaluate`
+    first check their data (`pfljax.core.evaluate.check_data`: client counts, feature
+    shape, labels) against the state, `model` and `local.loss`. The checks read
+    shapes and dtypes only: under jit they run once, at trace time."""
+    from pfljax.core.evaluate import check_data  # pylint: disable=import-outside-toplevel
+    from pfljax.core.types import Algorithm  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(algorithm, Algorithm):
+        return algorithm
+
+    def checking(fn: Callable, call: str) -> Callable:
+        if getattr(fn, "checks_data", False):  # already checking: built by another checked build
+            return fn
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):  # (state, data, key)
+            if len(args) >= 2:
+                check_data(args[0], args[1], model, local.loss, call)
+            return fn(*args, **kwargs)
+
+        # jit names its program after the function (a partial: after its func); keep that name
+        inner = fn
+        while isinstance(inner, functools.partial):
+            inner = inner.func
+        run.__name__ = getattr(inner, "__name__", call)
+        run.checks_data = True
+        return run
+
+    return algorithm._replace(
+        round=checking(algorithm.round, "round"), evaluate=checking(algorithm.evaluate, "evaluate")
+    )
 
 
 def domains_of(build: Callable) -> dict[str, Domain]:

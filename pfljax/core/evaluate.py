@@ -14,6 +14,11 @@ Where no client can hold more than one chunk (n_max <= chunk: small test sets),
 every client is one pass of n_max rows, with no loop (the same sums, a smaller
 program).
 
+`check_data` checks what an algorithm's `round` and `evaluate` are given against
+the state and the model (client counts, feature shape, integer labels), in Python
+before JAX sees the values (`pfljax.core.domains.checked` wraps every build's
+Algorithm with it); `evaluate_clients` checks its own test arrays' client counts.
+
 `evaluate_client` works on ONE client's parameters and arrays (no client axis).
 `summarize` runs on the host (numpy) and gives the figures papers report: mean
 weighted by test size, std, worst 10%.
@@ -29,6 +34,7 @@ import numpy as np
 
 from pfljax.core.clients import ClientMap, as_client_map
 from pfljax.core.losses import Loss, get_loss
+from pfljax.core.round import check_clients, data_clients
 from pfljax.core.types import ClientArrays, ClientPool
 
 EVAL_CHUNK = 128  # rows per forward pass, per client: vmapped over C clients (and R replicas)
@@ -149,6 +155,7 @@ def evaluate_clients(
 ) -> dict:
     """Per-client metrics [C]: client c's model `variables_of(c)` on its real test rows,
     `chunk` rows a pass (schedule per client map: see the module docstring)."""
+    data_clients(test, "evaluate_clients(test=...)")
     loss = get_loss(loss)
     client_map = as_client_map(client_map)
     n_max = max_rows(test)
@@ -165,6 +172,39 @@ def evaluate_clients(
         return means(client_sums(sums, lambda r: test.rows(c, r), count, chunk, n_max), count)
 
     return client_map(one, jnp.arange(test.count.shape[0]))
+
+
+INTEGER_LABELS = ("cross_entropy", "token_cross_entropy")  # losses whose labels are class ids
+
+
+def feature_shape(arrays: ClientPool | ClientArrays) -> tuple[int, ...]:
+    """The shape of one input row: x [N, *shape] of a pool, [C, n_max, *shape] of padded arrays."""
+    x_shape = tuple(jnp.shape(arrays.x))
+    return x_shape[1:] if isinstance(arrays, ClientPool) else x_shape[2:]
+
+
+def check_data(state, data, model, loss: str | Loss, call: str = "evaluate") -> None:
+    """Checks `call(state, data, key)`'s data before any JAX operation: ValueError
+    unless train, test and the state have the same number of clients
+    (`pfljax.core.round.check_clients`), the inputs' feature shape is `model.input_shape`,
+    and the labels are integers for a classification loss (`INTEGER_LABELS`)."""
+    check_clients(state, data, call)
+    expected = tuple(getattr(model, "input_shape", None) or ())
+    name = loss if isinstance(loss, str) else getattr(loss, "name", "")
+    for part in ("train", "test"):
+        arrays = getattr(data, part)
+        shape = feature_shape(arrays)
+        if expected and shape != expected:
+            raise ValueError(
+                f"{call}(data=...): data.{part} inputs have feature shape {shape} but the model "
+                f"was built for input_shape {expected}"
+            )
+        y_dtype = arrays.y.dtype
+        if name in INTEGER_LABELS and not jnp.issubdtype(y_dtype, jnp.integer):
+            raise ValueError(
+                f"{call}(data=...): data.{part}.y must hold integer class labels for the loss "
+                f"{name!r}, got dtype {y_dtype}"
+            )
 
 
 def max_rows(test: ClientPool | ClientArrays) -> int:

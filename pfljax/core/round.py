@@ -18,6 +18,10 @@ pieces:
 - A method whose round is not "map one client, then aggregate" (FedeRiCo's
   neighbour exchange) gives `federated_round` its own `step(state, data, part)`.
 
+Before anything else (in Python, at trace time) the round checks that `data`
+is a ClientData with as many clients as the state's `client_*` leaves have rows
+(`check_clients`): a mismatch would sample or gather rows the state lacks.
+
 The round increments `state.round`, reports `train_loss` (the weighted mean of the
 participants' losses), `bytes_up` / `bytes_down` (K times the per-client figures)
 and `participants`; metrics returned by the algorithm's piece override these.
@@ -32,10 +36,10 @@ import jax
 import jax.numpy as jnp
 
 from pfljax.core import aggregate
-from pfljax.core.clients import ClientMap, client_key, gather, round_keys, scatter, take
+from pfljax.core.clients import ClientMap, client_key, gather, is_client_leaf, round_keys, scatter, take
 from pfljax.core.privacy import ClientDP, private_mean_update
 from pfljax.core.sampling import check_clients_per_round, sample_clients
-from pfljax.core.types import ClientData
+from pfljax.core.types import ClientArrays, ClientData, ClientPool
 
 PyTree = Any
 WEIGHTINGS = ("samples", "uniform")
@@ -116,6 +120,59 @@ def client_weights(weighting: str, counts: jax.Array) -> jax.Array:
     return counts.astype(jnp.float32) if weighting == "samples" else jnp.ones_like(counts, jnp.float32)
 
 
+def data_clients(arrays: Any, argument: str) -> int:
+    """The client count C of a ClientPool or ClientArrays (rows of `count`); TypeError
+    for anything else, ValueError when its arrays disagree on C (shapes only)."""
+    if isinstance(arrays, ClientArrays):
+        sizes = {"x": arrays.x, "y": arrays.y, "count": arrays.count}
+    elif isinstance(arrays, ClientPool):
+        sizes = {"offset": arrays.offset, "count": arrays.count}
+    else:
+        raise TypeError(
+            f"{argument}: expected a ClientPool or ClientArrays (pfljax.core.types), "
+            f"got {type(arrays).__name__}"
+        )
+    sizes = {name: (jnp.shape(a) or (None,))[0] for name, a in sizes.items()}
+    if len(set(sizes.values())) != 1:
+        shown = ", ".join(f"{name} {n}" for name, n in sizes.items())
+        raise ValueError(f"{argument}: the arrays disagree on the number of clients (leading axis: {shown})")
+    return sizes["count"]
+
+
+def state_clients(state: Any) -> int | None:
+    """The client count C of a state: the leading axis of its first `client_*` leaf
+    with one (None: no such leaf, e.g. FedAvg without local leaves)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if is_client_leaf(path) and jnp.ndim(leaf) >= 1:
+            return jnp.shape(leaf)[0]
+    return None
+
+
+def check_clients(state: Any, data: Any, call: str = "round") -> int:
+    """C of `data` (a ClientData): TypeError for other data, ValueError unless its
+    train and test sets and the state's `client_*` leaves have the same number of
+    clients. Reads shapes only (no JAX operation)."""
+    if not isinstance(data, ClientData):
+        raise TypeError(
+            f"{call}(data=...): expected a ClientData(train, test) (pfljax.core.types), "
+            f"got {type(data).__name__}"
+        )
+    num = data_clients(data.train, f"{call}(data=...): data.train")
+    test = data_clients(data.test, f"{call}(data=...): data.test")
+    if test != num:
+        raise ValueError(
+            f"{call}(data=...): data.train has {num} clients but data.test has {test}; "
+            "ClientData holds the same clients, in the same order, in both"
+        )
+    expected = state_clients(state)
+    if expected is not None and expected != num:
+        raise ValueError(
+            f"{call}(data=...): data has {num} clients but the state was initialized for {expected} "
+            f"(init(key, params, num_clients={expected})); pass the same clients to init and {call}"
+        )
+    return num
+
+
 def participants(
     state: Any,
     data: ClientData,
@@ -172,6 +229,7 @@ def federated_round(
     privacy = None if privacy is None else privacy.validate()
 
     def round_fn(state, data: ClientData, key):
+        check_clients(state, data, "round")
         part = participants(state, data, key, clients_per_round, weighting, eligible, privacy)
         new_state, losses, extra = step(state, data, part)
         metrics = {

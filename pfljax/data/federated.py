@@ -87,6 +87,7 @@ def pad_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> ClientArr
       n_max] (or float32 [C, n_max, *target]) and count int32 [C], as jax
       arrays; n_max = max(n_c, 1) and padded rows are zero.
     """
+    check_client_lists(xs, ys, "pad_clients")
     counts = np.array([len(x) for x in xs], np.int32)
     n_max = max(int(counts.max(initial=0)), 1)
     y_dtype = np.int32 if np.issubdtype(np.asarray(ys[0]).dtype, np.integer) else np.float32
@@ -96,6 +97,32 @@ def pad_clients(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> ClientArr
         x[c, : len(xc)] = xc
         y[c, : len(yc)] = yc
     return ClientArrays(jnp.asarray(x), jnp.asarray(y), jnp.asarray(counts))
+
+
+def check_client_lists(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], call: str) -> None:
+    """ValueError unless xs and ys hold the same number of clients, each client as
+    many rows of x as of y, and every client the trailing shape of client 0's."""
+    if len(xs) != len(ys):
+        raise ValueError(
+            f"{call}: xs has {len(xs)} clients but ys has {len(ys)}; give one array of each per client"
+        )
+    shapes = {"xs": [np.shape(x) for x in xs], "ys": [np.shape(y) for y in ys]}
+    for name, per_client in shapes.items():
+        for c, shape in enumerate(per_client):
+            if len(shape) < 1:
+                raise ValueError(
+                    f"{call}: {name}[{c}] must be an array [n_c, ...] of rows, got shape {shape}"
+                )
+            if shape[1:] != per_client[0][1:]:
+                raise ValueError(
+                    f"{call}: {name}[{c}] has rows of shape {shape[1:]} but {name}[0] has "
+                    f"{per_client[0][1:]}; every client's rows must have the same shape"
+                )
+    for c, (x_shape, y_shape) in enumerate(zip(shapes["xs"], shapes["ys"], strict=True)):
+        if x_shape[0] != y_shape[0]:
+            raise ValueError(
+                f"{call}: client {c} has {x_shape[0]} rows in xs[{c}] but {y_shape[0]} in ys[{c}]"
+            )
 
 
 def pool_clients(
@@ -111,7 +138,10 @@ def pool_clients(
 
     The largest client is stored last, so every client's view window
     [offset, offset + n_max) lies inside the pool without padding rows.
+    ValueError naming the argument and the first mismatching client when xs and
+    ys differ in length, a client's xs and ys in rows, or clients in trailing shape.
     """
+    check_client_lists(xs, ys, "pool_clients")
     counts = np.array([len(x) for x in xs], np.int32)
     n_max = max(int(counts.max(initial=0)), 1)
     order = [c for c in range(len(xs)) if c != int(np.argmax(counts))] + [int(np.argmax(counts))]
