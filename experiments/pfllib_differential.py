@@ -1,4 +1,4 @@
-"""PFLlib's own FedAvg, FedPer, Ditto, FedDBE, FedCP and GPFL against pfljax's PFLlib mode.
+"""PFLlib's own FedAvg, FedPer, Ditto, FedDBE, FedCP, GPFL and FedProto against pfljax's PFLlib mode.
 
 Reads what the two sides wrote and prints the Markdown tables of
 experiments/results/pfllib_differential.md; draws the per-round curves (PNG).
@@ -11,8 +11,10 @@ PFLlib side: the stdout of `system/main.py` per run, `<pfllib_logs>/pfllib_<Algo
 Its server prints, per evaluation, "Evaluate global model(s)" or another "Evaluate ..."
 line of the personalized models ("Evaluate personalized models"; FedDBE's "Evaluate model",
 FedCP's "Evaluate before local training", GPFL's "Evaluate performance") then "Averaged Test
-Accuracy: a", and per round "time cost ... t" (FedCP: a rule of dashes, then t; its Budget,
-evaluation included). Ditto prints both (its rs_test_acc, and so its reported best,
+Accuracy: a", and per round "time cost ... t" (FedCP and FedProto: a rule of dashes, then t;
+their Budget, evaluation included). FedProto's personalized accuracy is each client's
+nearest global prototype to its features (none yet at evaluation 0: 0), as pfljax's fedproto
+`accuracy`. Ditto prints both (its rs_test_acc, and so its reported best,
 interleaves global and personal accuracies); the personal ones are what pfljax's Ditto
 evaluates, so they are the curve compared here. PFLlib evaluates at the start of rounds
 0..R (evaluation r: after r updates), pfljax after each update (round r: after r
@@ -45,9 +47,10 @@ METHODS = {
     "FedDBE": "feddbe",
     "FedCP": "fedcp",
     "GPFL": "gpfl",
+    "FedProto": "fedproto",
 }
 CURVE = {m: "global" if m == "FedAvg" else "personal" for m in METHODS}
-# The seconds of a round: "time cost ... t" (most servers), a rule of dashes then t (FedCP's).
+# The seconds of a round: "time cost ... t" (most servers), a rule of dashes then t (FedCP's, FedProto's).
 ROUND_SECONDS = re.compile(r"time cost -+ ([0-9.]+)|^-{25,} ([0-9.]+)$")
 
 _LOGS = flags.DEFINE_string("pfllib_logs", "/work/pfllib_run/logs", "directory of pfllib_<Algo>_seed<s>.log")

@@ -70,3 +70,29 @@ def test_fedcp_log_personal_accuracy_and_its_dashed_round_seconds(tmp_path):
     out = json.loads(proc.stdout)
     assert out["personal"] == [0.0584, 0.7012] and out["global"] == []
     assert out["seconds"] == [93.25]
+
+
+def test_fedproto_log_personal_accuracy_and_its_dashed_round_seconds(tmp_path):
+    text = (
+        "-------------Round number: 0-------------\n\nEvaluate personalized models\n"
+        "Averaged Train Loss: 2.3021\nAveraged Test Accuracy: 0.0000\nStd Test Accuracy: 0.0000\n"
+        + "-" * 50 + " 141.5\n"
+        "-------------Round number: 1-------------\n\nEvaluate personalized models\n"
+        "Averaged Train Loss: 1.2034\nAveraged Test Accuracy: 0.6421\nStd Test Accuracy: 0.1200\n"
+        + "-" * 50 + " 150.25\n"
+    )  # fmt: skip
+    path = tmp_path / "pfllib_FedProto_seed0.log"
+    path.write_text(text)
+    code = (
+        "import json, sys; from experiments.pfllib_differential import METHODS, parse_pfllib_log; "
+        "print(json.dumps([METHODS['FedProto'], parse_pfllib_log(sys.argv[1])]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT, env=binary_env(),
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    algorithm, out = json.loads(proc.stdout)
+    assert algorithm == "fedproto"
+    assert out["personal"] == [0.0, 0.6421] and out["global"] == []
+    assert out["seconds"] == [141.5, 150.25] and out["train_loss"] == [2.3021, 1.2034]
