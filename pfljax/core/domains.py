@@ -183,9 +183,8 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
     import optax  # pylint: disable=import-outside-toplevel
 
     from pfljax.core.local import LocalTraining  # pylint: disable=import-outside-toplevel
-    from pfljax.models.base import Model  # pylint: disable=import-outside-toplevel
 
-    if "model" in arguments and not isinstance(arguments["model"], Model):
+    if "model" in arguments and not is_model(arguments["model"]):
         model = arguments["model"]
         message = f"build(model=...): expected a pfljax Model ({MODEL_HINT}), got {_type_name(model)}"
         if isinstance(model, nn.Module):
@@ -204,6 +203,14 @@ def check_arguments(arguments: Mapping[str, Any]) -> None:
         if isinstance(local, optax.GradientTransformation):
             message += "; wrap the optax optimizer: LocalTraining(optimizer, batch_size=..., epochs=...)"
         raise TypeError(message)
+
+
+def is_model(value: Any) -> bool:
+    """Whether `value` has what a pfljax Model (pfljax.models.base) gives an algorithm: init,
+    apply and initial, an input_shape and num_outputs (checked by shape: core does not import
+    models)."""
+    calls = all(callable(getattr(value, name, None)) for name in ("init", "apply", "initial"))
+    return calls and hasattr(value, "input_shape") and hasattr(value, "num_outputs")
 
 
 def _type_name(value: Any) -> str:
