@@ -79,11 +79,16 @@ from pfljax.experiment.configs import leaf_femnist, leaf_shakespeare
 from pfljax.models import build_model
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("json", False, "print one JSON object per line (else a readable line)")
-flags.DEFINE_integer("rounds", 3, "timed rounds after the compiled first one (median is reported)")
-flags.DEFINE_list("cases", ["femnist_flute", "shakespeare_flute"], "cases: femnist_flute, shakespeare_flute")
-flags.DEFINE_float("scale", 1.0, "multiplies clients and per-client sample mean/std (tests: e.g. 0.01)")
-flags.DEFINE_integer("seed", 0, "seed of the per-client counts and the random data")
+
+
+def define_flags() -> None:
+    """The binary's flags (defined when run as a program, so that importing this module in a
+    process that runs other absl programs' code defines none)."""
+    flags.DEFINE_bool("json", False, "print one JSON object per line (else a readable line)")
+    flags.DEFINE_integer("rounds", 3, "timed rounds after the compiled first one (median is reported)")
+    flags.DEFINE_list("cases", list(CASES), f"cases: {', '.join(CASES)}")
+    flags.DEFINE_float("scale", 1.0, "multiplies clients and per-client sample mean/std (tests: e.g. 0.01)")
+    flags.DEFINE_integer("seed", 0, "seed of the per-client counts and the random data")
 
 
 class Case(NamedTuple):
@@ -108,8 +113,8 @@ CASES = {
 }
 
 
-def emit(row: dict) -> None:
-    print(json.dumps(row) if FLAGS.json else "  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+def emit(row: dict, as_json: bool) -> None:
+    print(json.dumps(row) if as_json else "  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
 
 
 def draw_counts(mean: float, std: float, num: int, seed: int) -> np.ndarray:
@@ -219,9 +224,15 @@ def main(argv):
         raise app.UsageError(f"--cases must be among {', '.join(CASES)}; got {unknown}")
     if FLAGS.rounds < 1 or not 0 < FLAGS.scale <= 1:
         raise app.UsageError("--rounds must be >= 1 and --scale in (0, 1]")
-    for name in FLAGS.cases:
-        emit(run_case(name, FLAGS.rounds, FLAGS.scale, FLAGS.seed))
+    run_cases(FLAGS.cases, FLAGS.rounds, FLAGS.scale, FLAGS.seed, FLAGS.json)
+
+
+def run_cases(cases, rounds: int, scale: float, seed: int, as_json: bool) -> None:
+    """Times and prints each case (one line each)."""
+    for name in cases:
+        emit(run_case(name, rounds, scale, seed), as_json)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=parse_flags)

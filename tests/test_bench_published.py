@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments.bench_published import CASES, FLAGS, draw_counts, main, scaled, synthetic_pool
+from experiments.bench_published import CASES, draw_counts, run_cases, scaled, synthetic_pool
 
 KEYS = {
     "case", "rounds_timed", "s_per_round", "s_per_round_min_max", "projected_full_run_s", "published_s",
@@ -43,11 +43,7 @@ def test_pool_holds_each_clients_rows_with_the_largest_last():
 
 
 def test_one_round_of_a_shrunken_run_prints_every_key(capsys):
-    FLAGS(["bench_published", "--json", "--rounds=1", "--scale=0.005"])
-    try:
-        main([])
-    finally:
-        FLAGS.unparse_flags()
+    run_cases(list(CASES), rounds=1, scale=0.005, seed=0, as_json=True)  # --json --rounds=1 --scale=0.005
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["case"] for r in rows] == ["femnist_flute", "shakespeare_flute"]
     for row, published in zip(rows, ((502, 1500), (1310, 1200))):
