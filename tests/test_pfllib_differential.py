@@ -18,6 +18,21 @@ Averaged Test AUC: 0.6487
 """
 
 
+def in_subprocess(expression: str, path) -> object:
+    """json of `expression` (names from experiments.pfllib_differential, sys.argv[1] = path) in a
+    fresh interpreter: the driver's absl flags cannot share a pytest worker with another driver's."""
+    code = (
+        "import json, sys; from experiments.pfllib_differential import METHODS, parse_pfllib_log; "
+        f"print(json.dumps({expression}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT, env=binary_env(),
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
 def test_round_table_pairs_pfllib_evaluation_r_with_pfljax_round_r(tmp_path):
     logs, work = tmp_path / "logs", tmp_path / "pfljax"
     logs.mkdir()
@@ -58,16 +73,7 @@ def test_fedcp_log_personal_accuracy_and_its_dashed_round_seconds(tmp_path):
     )  # fmt: skip
     path = tmp_path / "pfllib_FedCP_seed0.log"
     path.write_text(text)
-    code = (
-        "import json, sys; from experiments.pfllib_differential import parse_pfllib_log; "
-        "print(json.dumps(parse_pfllib_log(sys.argv[1])))"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT, env=binary_env(),
-        timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
+    out = in_subprocess("parse_pfllib_log(sys.argv[1])", path)
     assert out["personal"] == [0.0584, 0.7012] and out["global"] == []
     assert out["seconds"] == [93.25]
 
@@ -83,16 +89,7 @@ def test_fedproto_log_personal_accuracy_and_its_dashed_round_seconds(tmp_path):
     )  # fmt: skip
     path = tmp_path / "pfllib_FedProto_seed0.log"
     path.write_text(text)
-    code = (
-        "import json, sys; from experiments.pfllib_differential import METHODS, parse_pfllib_log; "
-        "print(json.dumps([METHODS['FedProto'], parse_pfllib_log(sys.argv[1])]))"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT, env=binary_env(),
-        timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    algorithm, out = json.loads(proc.stdout)
+    algorithm, out = in_subprocess("[METHODS['FedProto'], parse_pfllib_log(sys.argv[1])]", path)
     assert algorithm == "fedproto"
     assert out["personal"] == [0.0, 0.6421] and out["global"] == []
     assert out["seconds"] == [141.5, 150.25] and out["train_loss"] == [2.3021, 1.2034]
