@@ -119,8 +119,8 @@ def _drop_closed_loop_errors() -> None:
 def check_config(saved: dict, current: dict, workdir: str) -> None:
     """ConfigError unless the configs agree on every field outside RESUMABLE_FIELDS. A
     field the saved config lacks (added to pfljax since) counts as its default there."""
-    saved, current = _flat(saved), _flat(current)
-    defaults = _flat(to_plain(base_config()))
+    saved, current = flat_fields(saved), flat_fields(current)
+    defaults = flat_fields(to_plain(base_config()))
     saved = {**{k: defaults.get(k) for k in set(current) - set(saved)}, **saved}
     keys = sorted((set(saved) | set(current)) - set(RESUMABLE_FIELDS))
     differ = [k for k in keys if saved.get(k) != current.get(k)]
@@ -135,12 +135,12 @@ def check_config(saved: dict, current: dict, workdir: str) -> None:
         )
 
 
-def _flat(config: dict, prefix: str = "") -> dict:
-    """{"fedavg.server_lr": 1.0, ...}: nested option dicts flattened (model_kwargs kept whole)."""
+def flat_fields(plain: dict, prefix: str = "") -> dict:
+    """{"fedavg.server_lr": 1.0, ...}: a plain config's option groups flattened (model_kwargs kept whole)."""
     out = {}
-    for key, value in config.items():
+    for key, value in plain.items():
         if isinstance(value, dict) and key != "model_kwargs" and not prefix:
-            out.update(_flat(value, f"{key}."))
+            out.update(flat_fields(value, f"{key}."))
         else:
             out[prefix + key] = value
     return out

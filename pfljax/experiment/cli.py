@@ -175,57 +175,6 @@ def _close(name: str, names) -> str:
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
-def _override_error(argv: list[str], config) -> str:
-    """The message for an override of a field that does not exist."""
-    from pfljax.experiment.config import model_arguments  # pylint: disable=import-outside-toplevel
-
-    for a in argv[1:]:
-        if not a.startswith("--config."):
-            continue
-        flag, _, value = a.partition("=")
-        parts = flag[len("--config.") :].split(".")
-        node, depth = config, 0
-        while depth < len(parts) and hasattr(node, "keys") and parts[depth] in node:
-            node, depth = node[parts[depth]], depth + 1
-        if depth == len(parts):
-            continue  # this override names an existing field
-        missing, parent = parts[depth], ".".join(parts[:depth])
-        given = f"{flag}={value}" if value else flag
-        if not hasattr(node, "keys"):
-            return f"{given}: config.{parent} is a {type(node).__name__}, it has no field {missing!r}"
-        keys = sorted(node.keys())
-        if parent == "":
-            fields = ", ".join(keys)
-            return f"{given}: {missing!r} is not a config field{_close(missing, keys)}; fields: {fields}"
-        if parent == "model_kwargs":
-            try:
-                from pfljax import algorithms  # pylint: disable=import-outside-toplevel
-
-                model = algorithms.model_variant(config.algorithm, config.model)
-                args = ", ".join(f"{k}={v!r}" for k, v in model_arguments(model).items())
-            except Exception:  # noqa: BLE001
-                model, args = config.model, "?"
-            return (
-                f"{given}: model_kwargs of this config hold only {keys or 'nothing'}{_close(missing, keys)}; "
-                f"model {model!r} takes {args}; to pass an argument the config does not set, use a config "
-                f"file that sets config.model_kwargs"
-            )
-        if depth == 1 and parent in _algorithm_names():
-            from pfljax import algorithms  # pylint: disable=import-outside-toplevel
-
-            new = algorithms.renamed_option(parent, missing)
-            if new:
-                return f"{given}: {parent}.{missing} was renamed: use --config.{parent}.{new}"
-            return (
-                f"{given}: {missing!r} is not an option of {parent}{_close(missing, keys)}; "
-                f"its options: {', '.join(keys) or 'none'}"
-            )
-        fields = ", ".join(keys)
-        close = _close(missing, keys)
-        return f"{given}: {missing!r} is not a field of config.{parent}{close}; its fields: {fields}"
-    return "an override names a field the config does not have"
-
-
 def _algorithm_names() -> list[str]:
     from pfljax import algorithms  # pylint: disable=import-outside-toplevel
 
@@ -255,7 +204,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     except (AttributeError, KeyError) as e:  # ml_collections: override of an unknown field
         if config is None:
             fail(f"unknown config field {e}")
-        fail(_override_error(argv, config))
+        from pfljax.experiment.config import override_error  # pylint: disable=import-outside-toplevel
+
+        fail(override_error(argv, config))
     except Exception as e:  # noqa: BLE001  config file errors not caught above
         fail(f"{type(e).__name__}: {' '.join(str(e).split())}")
     return []

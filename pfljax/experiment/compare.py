@@ -23,9 +23,12 @@ import numpy as np
 from absl import logging
 
 from pfljax.experiment import interrupts, plots
-from pfljax.experiment.config import make_data, prepare, resolve
+from pfljax.experiment.config import make_data, prepare, resolve, run_settings
+from pfljax.experiment.config_grid import grid_label, replica_configs, row_configs  # noqa: F401  (grid_label)
 from pfljax.experiment.outputs import JsonlLog, write_csv, write_json, write_text
-from pfljax.experiment.train import STATUS_DIVERGED, data_title, train_and_evaluate
+from pfljax.experiment.reports import STATUS_DIVERGED
+from pfljax.experiment.settings import RunSettings
+from pfljax.experiment.train import train_and_evaluate
 from pfljax.experiment.workdir import claim
 
 COLUMNS = (
@@ -38,11 +41,6 @@ EXTRA_KEYS = ("final_mean_loss", "bytes_up_total", "round_seconds_median")
 
 def run_dir(workdir: str, algorithm: str, seed: int) -> str:
     return os.path.join(workdir, algorithm, f"seed_{seed}")
-
-
-def grid_label(name: str, option: str, value: float) -> str:
-    """The row (and run directory) name of one grid point: '<algorithm>.<option>=<value>'."""
-    return f"{name}.{option}={value:g}"
 
 
 def parse_grid(text: str) -> tuple[str, list[float]]:
@@ -94,22 +92,23 @@ def compare(
     if not seeds:
         raise ValueError("seeds must hold at least one seed")
     with claim(workdir, lock=jax.process_index() == 0):
-        configs, groups = _run_configs(config, algorithms, grid)
+        configs, groups = row_configs(config, algorithms, grid)
         t_start = time.perf_counter()
         if vectorize:
             summaries = _run_vectorized(configs, groups, algorithms, seeds, workdir, grid, replica_strategy)
         else:
             summaries = _run_separately(configs, seeds, workdir, progress)
-        return _report(workdir, configs, summaries, seeds, t_start)
+        settings = run_settings(resolve(configs[next(iter(configs))])[0])
+        return _report(workdir, settings, summaries, seeds, t_start)
 
 
-def _report(workdir: str, configs: dict, summaries: dict, seeds, t_start: float) -> dict:
-    """compare's tables and plots from every run's summary (see `compare`)."""
+def _report(workdir: str, settings: RunSettings, summaries: dict, seeds, t_start: float) -> dict:
+    """compare's tables and plots from every run's summary (see `compare`); `settings`:
+    the first row's, for the data title and the rounds."""
     results = aggregate(summaries)
-    resolved = resolve(configs[next(iter(configs))])[0]
-    table = markdown_table(results, resolved, seeds)
+    table = markdown_table(results, settings.title, settings.rounds, seeds)
     if jax.process_index() == 0:  # a multi-process run: process 0 writes
-        _write_results(workdir, summaries, results, table, resolved, seeds)
+        _write_results(workdir, summaries, results, table, settings.title, seeds)
     diverged = [
         (name, s["seed"], s["diverged_round"])
         for name, runs in summaries.items()
@@ -118,42 +117,12 @@ def _report(workdir: str, configs: dict, summaries: dict, seeds, t_start: float)
     ]
     logging.info(
         "compare: %d runs in %.1f s (%d diverged); results in %s",
-        len(configs) * len(seeds),
+        sum(map(len, summaries.values())),
         time.perf_counter() - t_start,
         len(diverged),
         workdir,
     )
     return {"table": table, "results": results, "diverged": diverged}
-
-
-def _run_configs(config, algorithms: Sequence[str], grid) -> tuple[dict, dict]:
-    """Every row's config, validated (ConfigError otherwise).
-
-    Returns:
-      ({label: config}, {algorithm: its labels}): a label is the algorithm's name,
-      or with a grid one `grid_label` per value of the grid's option.
-    """
-    from pfljax.experiment import sweep  # pylint: disable=import-outside-toplevel
-
-    configs, groups = {}, {}
-    for name in algorithms:
-        c = copy.deepcopy(config)
-        with c.unlocked():
-            c.algorithm = name
-        points = [(name, None)] if grid is None else [(grid_label(name, grid[0], v), v) for v in grid[1]]
-        groups[name] = [lab for lab, _ in points]
-        for lab, value in points:
-            cc = copy.deepcopy(c)
-            if grid is not None:
-                target = sweep.grid_target(cc, grid[0])
-                with cc.unlocked():
-                    if target:
-                        cc[target][grid[0]] = type(cc[target][grid[0]])(value)
-                    else:
-                        cc[grid[0]] = value
-            resolve(cc)  # validates
-            configs[lab] = cc
-    return configs, groups
 
 
 def _run_separately(configs: dict, seeds: Sequence[int], workdir: str, progress: bool) -> dict:
@@ -213,7 +182,13 @@ def _run_vectorized(
     first = copy.deepcopy(configs[next(iter(configs))])
     first.seed = seeds[0]
     fed = make_data(first)
-    runs = {name: _replica_runs(configs, groups[name], seeds, workdir) for name in algorithms}
+    runs = {
+        name: (
+            replica_configs(configs, groups[name], seeds),
+            [run_dir(workdir, lab, s) for lab in groups[name] for s in seeds],
+        )
+        for name in algorithms
+    }
 
     def replicas(name, **kwargs):
         cs, dirs = runs[name]
@@ -244,24 +219,12 @@ def _run_vectorized(
     return summaries
 
 
-def _replica_runs(configs: dict, labels: Sequence[str], seeds: Sequence[int], workdir: str):
-    """(configs, run directories) of one program's replicas: every label at every seed."""
-    cs, dirs = [], []
-    for lab in labels:
-        for seed in seeds:
-            cc = copy.deepcopy(configs[lab])
-            cc.seed = seed
-            cs.append(cc)
-            dirs.append(run_dir(workdir, lab, seed))
-    return cs, dirs
-
-
-def _write_results(workdir: str, summaries: dict, results: dict, table: str, config, seeds) -> None:
+def _write_results(workdir: str, summaries: dict, results: dict, table: str, title: str, seeds) -> None:
     """results.md, results.json, results.csv and the overlay plots (accuracy.png, loss.png)."""
     write_text(os.path.join(workdir, "results.md"), table)
     write_json(os.path.join(workdir, "results.json"), {"seeds": list(seeds), "results": results})
     write_csv(os.path.join(workdir, "results.csv"), per_seed_rows(summaries))
-    title = f"{data_title(config)}; seeds {list(seeds)}"
+    title = f"{title}; seeds {list(seeds)}"
     dirs = {label(name, results[name]): [run_dir(workdir, name, s) for s in seeds] for name in summaries}
     curves = lambda key: {name: curve(d, key) for name, d in dirs.items()}  # noqa: E731
     plots.plot_overlay(curves("mean_accuracy"), os.path.join(workdir, "accuracy.png"), title)
@@ -315,12 +278,14 @@ def per_seed_rows(summaries: dict[str, list[dict]]) -> list[dict]:
     ]
 
 
-def markdown_table(results: dict, config, seeds: Sequence[int]) -> str:
+def markdown_table(results: dict, title: str, rounds: int, seeds: Sequence[int]) -> str:
+    """The results table (Markdown) of `aggregate`'s results, titled with the data
+    (`RunSettings.title`) and the rounds."""
     head = ["algorithm"] + [c[1] for c in COLUMNS] + ["MB up total", "s / round"]
     one = len(seeds) == 1  # one seed: its values, no spread to report
     over = f"seed {seeds[0]}" if one else f"mean +- std over seeds {list(seeds)}"
     lines = [
-        f"{data_title(config)}, {config.rounds} rounds; {over}",
+        f"{title}, {rounds} rounds; {over}",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

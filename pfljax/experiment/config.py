@@ -47,6 +47,7 @@ from pfljax.core.types import Algorithm
 from pfljax.data import FederatedData, build_federated_data
 from pfljax.data.federated import TEST_SPLITS
 from pfljax.data.idx import PIXEL_SCALES
+from pfljax.experiment.settings import Accounting, Placement, RunSettings, Schedule
 from pfljax.models import MODELS, Model, build_model
 from pfljax.models.weights import load_variables
 from pfljax.runtime.offload import STORAGES
@@ -227,6 +228,52 @@ def close_names(name: str, names, n: int = 3) -> str:
     """' (did you mean 'a' or 'b'?)' for the names closest to `name`, else ''."""
     close = difflib.get_close_matches(str(name), [str(x) for x in names], n=n, cutoff=0.6)
     return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def override_error(argv: list[str], config) -> str:
+    """The message for an override of a field that does not exist."""
+    for a in argv[1:]:
+        if not a.startswith("--config."):
+            continue
+        flag, _, value = a.partition("=")
+        parts = flag[len("--config.") :].split(".")
+        node, depth = config, 0
+        while depth < len(parts) and hasattr(node, "keys") and parts[depth] in node:
+            node, depth = node[parts[depth]], depth + 1
+        if depth == len(parts):
+            continue  # this override names an existing field
+        missing, parent = parts[depth], ".".join(parts[:depth])
+        given = f"{flag}={value}" if value else flag
+        if not hasattr(node, "keys"):
+            return f"{given}: config.{parent} is a {type(node).__name__}, it has no field {missing!r}"
+        keys = sorted(node.keys())
+        if parent == "":
+            fields = ", ".join(keys)
+            return f"{given}: {missing!r} is not a config field{close_names(missing, keys)}; fields: {fields}"
+        if parent == "model_kwargs":
+            try:
+                model = algorithms.model_variant(config.algorithm, config.model)
+                args = ", ".join(f"{k}={v!r}" for k, v in model_arguments(model).items())
+            except Exception:  # noqa: BLE001
+                model, args = config.model, "?"
+            close = close_names(missing, keys)
+            return (
+                f"{given}: model_kwargs of this config hold only {keys or 'nothing'}{close}; "
+                f"model {model!r} takes {args}; to pass an argument the config does not set, use a config "
+                f"file that sets config.model_kwargs"
+            )
+        if depth == 1 and parent in algorithms.available():
+            new = algorithms.renamed_option(parent, missing)
+            if new:
+                return f"{given}: {parent}.{missing} was renamed: use --config.{parent}.{new}"
+            return (
+                f"{given}: {missing!r} is not an option of {parent}{close_names(missing, keys)}; "
+                f"its options: {', '.join(keys) or 'none'}"
+            )
+        fields = ", ".join(keys)
+        close = close_names(missing, keys)
+        return f"{given}: {missing!r} is not a field of config.{parent}{close}; its fields: {fields}"
+    return "an override names a field the config does not have"
 
 
 def algorithm_options(name: str) -> ml_collections.ConfigDict:
@@ -911,6 +958,93 @@ def make_algorithm(config, model: Model, client_map, task: str = "classification
         raise ConfigError(f"config.{name}: {message}") from e
 
 
+def data_title(config) -> str:
+    """'<dataset>, <C> clients, partition <p>' with the partition's parameter."""
+    partition = partition_name(config)
+    if config.dataset == "simulation":
+        partition = "per-client generator"
+    elif partition == "dirichlet":
+        partition += f" alpha={config.dirichlet_alpha:g}"
+    elif partition in ("classes", "shards"):
+        partition += f" {config.classes_per_client} per client"
+    elif partition == "dominant":
+        partition += f" {config.num_dominant} x {config.dominant_fraction:g}"
+    elif partition == "groups":
+        partition += f" G={config.num_groups}"
+    if config.permute_labels != "none":
+        partition += f", labels permuted per {config.permute_labels}"
+    return f"{config.dataset}, {config.num_clients} clients, {partition}"
+
+
+def divergence_knobs(config) -> str:
+    """The settings of a resolved config that usually make a run diverge, as `name=value` pairs."""
+    knobs = [f"optimizer={config.optimizer}", f"learning_rate={config.learning_rate:g}"]
+    if config.optimizer == "sgd":
+        knobs.append(f"momentum={config.momentum:g}")
+    knobs.append(
+        f"local_steps={config.local_steps}" if config.local_steps else f"local_epochs={config.local_epochs}"
+    )
+    knobs.append(f"batch_size={config.batch_size}")
+    if config.dp.enabled:
+        k = config.clients_per_round or config.num_clients
+        std = config.dp.noise_multiplier * config.dp.clip_norm / k
+        knobs.append(
+            f"dp.noise_multiplier={config.dp.noise_multiplier:g} and dp.clip_norm={config.dp.clip_norm:g} "
+            f"(noise std {std:.3g} on each coordinate of the mean update of {k} clients)"
+        )
+    options = config[config.algorithm] if config.algorithm in config else {}
+    named = DIVERGENCE_KNOBS.get(config.algorithm, ())
+    for option, value in sorted(options.items()):
+        if option.endswith("lr") or option in named:
+            knobs.append(f"{config.algorithm}.{option}={value}")
+    return ", ".join(knobs)
+
+
+def divergence_advice(config) -> str:
+    """Concrete smaller settings to try: the learning rate and every positive `*lr`
+    option of the algorithm divided by 10, and no momentum under SGD with momentum."""
+    tries = [f"--config.learning_rate={config.learning_rate / 10:g}"]
+    options = config[config.algorithm] if config.algorithm in config else {}
+    for option, value in sorted(options.items()):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if option.endswith("lr") and number and 0 < value < float("inf"):
+            tries.append(f"--config.{config.algorithm}.{option}={value / 10:g}")
+    if config.optimizer == "sgd" and config.momentum:
+        tries.append("--config.momentum=0")
+    if config.dp.enabled and config.dp.noise_multiplier > 0:
+        tries.append(f"--config.dp.clip_norm={config.dp.clip_norm / 2:g} (half the noise, more clipping)")
+    return " or ".join(tries)
+
+
+def run_settings(config) -> RunSettings:
+    """The RunSettings of a resolved config (`resolve`): what the run loop and reports read."""
+    dp = config.dp
+    accounting = None
+    if dp.enabled:
+        accounting = Accounting(
+            float(dp.noise_multiplier),
+            float(dp.clip_norm),
+            dp_delta(config),
+            float(dp.target_epsilon),
+            config.num_clients,
+            config.clients_per_round or config.num_clients,
+        )
+    schedule = Schedule(config.rounds, config.eval_every, config.checkpoint_every, config.block_rounds)
+    return RunSettings(
+        config.algorithm,
+        config.seed,
+        config.dataset,
+        partition_name(config),
+        config.num_clients,
+        data_title(config),
+        schedule,
+        Placement(config.client_storage, bool(config.replicate_data), config.clients_per_round or None),
+        accounting,
+        divergence_knobs(config),
+        divergence_advice(config),
+    )
+
+
 class Prepared(NamedTuple):
     """Everything a run needs, built and validated before training.
 
@@ -929,6 +1063,7 @@ class Prepared(NamedTuple):
     notes: tuple = ()
     warnings: tuple = ()
     initial_params: Any = None  # config.init_params' variables (numpy), or None
+    settings: RunSettings | None = None  # what the run loop and reports read (`run_settings`)
 
 
 def prepare(config, fed_data: FederatedData | None = None, one_device: bool = False) -> Prepared:
@@ -944,7 +1079,8 @@ def prepare(config, fed_data: FederatedData | None = None, one_device: bool = Fa
     Returns:
       Prepared, whose `config` is the resolved config (`resolve`), `notes` the
       lines saying which data and defaults a run uses, `warnings` the lines about
-      data that differ from what the config seems to ask for. Nothing is logged
+      data that differ from what the config seems to ask for, `settings` its
+      RunSettings (`run_settings`). Nothing is logged
       here: the caller logs them once every check has passed.
     """
     from pfljax.runtime.sharding import client_mesh  # pylint: disable=import-outside-toplevel
@@ -965,7 +1101,7 @@ def prepare(config, fed_data: FederatedData | None = None, one_device: bool = Fa
     if initial is not None:
         notes = (*notes, _starting_weights_note(config))
     warnings = tuple(data_warnings(config, fed_data))
-    return Prepared(fed_data, model, algorithm, mesh, config, notes, warnings, initial)
+    return Prepared(fed_data, model, algorithm, mesh, config, notes, warnings, initial, run_settings(config))
 
 
 def _one_line(e: BaseException) -> str:

@@ -67,14 +67,15 @@ def test_compare_two_algorithms_two_seeds(tmp_path):
 def test_one_seed_reports_its_values_without_a_spread():
     from pfljax.experiment import base_config  # noqa: PLC0415
     from pfljax.experiment.compare import aggregate, markdown_table  # noqa: PLC0415
-    from pfljax.experiment.config import resolve  # noqa: PLC0415
+    from pfljax.experiment.config import resolve, run_settings  # noqa: PLC0415
     from tests.experiment.tiny import tiny_config  # noqa: PLC0415
 
     run = {"seed": 3, "final_mean_accuracy": 0.5, "best_mean_accuracy": 0.625, "final_worst10_accuracy": 0.25}
-    config = resolve(tiny_config(base_config()))[0]
-    one = markdown_table(aggregate({"fedavg": [run]}), config, [3])
+    settings = run_settings(resolve(tiny_config(base_config()))[0])
+    title = (settings.title, settings.rounds)
+    one = markdown_table(aggregate({"fedavg": [run]}), *title, [3])
     assert "2 rounds; seed 3\n" in one and "| fedavg | 50.00 | 62.50 | 25.00 |" in one and "+-" not in one
     two = markdown_table(
-        aggregate({"fedavg": [run, {**run, "seed": 4, "final_mean_accuracy": 0.7}]}), config, [3, 4]
+        aggregate({"fedavg": [run, {**run, "seed": 4, "final_mean_accuracy": 0.7}]}), *title, [3, 4]
     )
     assert "mean +- std over seeds [3, 4]" in two and "| fedavg | 60.00 +- 10.00 | 62.50 +- 0.00 |" in two

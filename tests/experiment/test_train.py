@@ -296,8 +296,10 @@ def test_a_damaged_checkpoint_and_a_cut_metrics_line_resume_from_the_checkpoint_
 
 
 def test_under_dp_the_divergence_message_names_the_noise():
-    from pfljax.experiment.config import resolve  # noqa: PLC0415
-    from pfljax.experiment.loop import divergence_message  # noqa: PLC0415
+    from pfljax.experiment.config import resolve, run_settings  # noqa: PLC0415
+
+    def divergence_message(config, *args):
+        return run_settings(config).divergence_message(*args)
 
     config = tiny_config(base_config(), clients_per_round=4)
     config.dp.enabled, config.dp.noise_multiplier, config.dp.clip_norm = True, 2.0, 0.5
