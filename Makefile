@@ -36,7 +36,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 bench: $(STAMP)
-	$(PY) -m experiments.bench --json
+	$(PY) -m experiments.bench.bench --json
 
 lint: $(STAMP)
 	$(PY) -m ruff check pfljax experiments tests

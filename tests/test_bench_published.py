@@ -1,4 +1,4 @@
-"""experiments/bench_published.py: LEAF's per-client statistics drawn as documented, and a
+"""experiments/bench/bench_published.py: LEAF's per-client statistics drawn as documented, and a
 one-round run of a shrunken variant printing every documented key."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments.bench_published import CASES, draw_counts, run_cases, scaled, synthetic_pool
+from experiments.bench.bench_published import CASES, draw_counts, run_cases, scaled, synthetic_pool
 
 KEYS = {
     "case", "rounds_timed", "s_per_round", "s_per_round_min_max", "projected_full_run_s", "published_s",

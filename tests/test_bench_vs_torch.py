@@ -1,4 +1,4 @@
-"""The PyTorch reference round of experiments/bench_vs_torch.py computes pfljax's update.
+"""The PyTorch reference round of experiments/bench/bench_vs_torch.py computes pfljax's update.
 
 Same initial weights (flax -> torch), the same batches (pfljax's schedule,
 `step_batch`, fed to torch), plain SGD: the parameters after one client's local
@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from experiments.bench_vs_torch import (  # noqa: E402
+from experiments.bench.bench_vs_torch import (  # noqa: E402
     client_inputs,
     flax_to_torch_state,
     forward_flops,

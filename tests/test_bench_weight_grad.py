@@ -1,7 +1,7 @@
-"""experiments/bench_weight_grad.py: the NN form equals XLA's product (checked inside measure)
+"""experiments/bench/bench_weight_grad.py: the NN form equals XLA's product (checked inside measure)
 and the rows say which shapes im2col_nn computes in that form."""
 
-from experiments import bench_weight_grad
+from experiments.bench import bench_weight_grad
 from pfljax.models.conv import NN_WEIGHT_GRAD_MAX_COUT, NN_WEIGHT_GRAD_MIN_WIDTH
 
 

@@ -1,6 +1,6 @@
-"""experiments/gpu_suite.py --smoke on CPU: every case leaves rows, parseable, finite, no errors.
+"""experiments/bench/gpu_suite.py --smoke on CPU: every case leaves rows, parseable, finite, no errors.
 
-The binary runs as a user runs it (a subprocess, `python -m experiments.gpu_suite`);
+The binary runs as a user runs it (a subprocess, `python -m experiments.bench.gpu_suite`);
 its JSON lines are both printed and appended to --out. Without torch the vs_torch
 case leaves its one "skipped" row (as tests/test_bench_vs_torch.py skips).
 """
@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from experiments.gpu_suite import CASES
+from experiments.bench.gpu_suite import CASES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Figures that are rates or ratios of two measured times: never 0.
@@ -28,7 +28,7 @@ def run_smoke(out: str) -> subprocess.CompletedProcess:
         [
             sys.executable,
             "-m",
-            "experiments.gpu_suite",
+            "experiments.bench.gpu_suite",
             "--smoke",
             f"--out={out}",
             "--pfllib_maps=auto:0:auto,map:2:while",
@@ -88,7 +88,7 @@ def test_a_bad_pfllib_map_is_refused_in_one_line_before_any_case(tmp_path):
     out = tmp_path / "suite.jsonl"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.gpu_suite", "--smoke", f"--out={out}",
+        [sys.executable, "-m", "experiments.bench.gpu_suite", "--smoke", f"--out={out}",
          "--pfllib_maps=map:x:while"],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
     )  # fmt: skip

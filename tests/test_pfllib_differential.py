@@ -1,4 +1,4 @@
-"""experiments/pfllib_differential.py on a synthetic PFLlib log and pfljax workdir: the
+"""experiments/pfllib/pfllib_differential.py on a synthetic PFLlib log and pfljax workdir: the
 per-round table pairs PFLlib's evaluation r with pfljax's round r and gives the
 difference in seed-spread units."""
 
@@ -19,10 +19,10 @@ Averaged Test AUC: 0.6487
 
 
 def in_subprocess(expression: str, path) -> object:
-    """json of `expression` (names from experiments.pfllib_differential, sys.argv[1] = path) in a
+    """json of `expression` (names from experiments.pfllib.pfllib_differential, sys.argv[1] = path) in a
     fresh interpreter: the driver's absl flags cannot share a pytest worker with another driver's."""
     code = (
-        "import json, sys; from experiments.pfllib_differential import METHODS, parse_pfllib_log; "
+        "import json, sys; from experiments.pfllib.pfllib_differential import METHODS, parse_pfllib_log; "
         f"print(json.dumps({expression}))"
     )
     proc = subprocess.run(
@@ -48,7 +48,7 @@ def test_round_table_pairs_pfllib_evaluation_r_with_pfljax_round_r(tmp_path):
         ]
         (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.pfllib_differential", f"--pfllib_logs={logs}",
+        [sys.executable, "-m", "experiments.pfllib.pfllib_differential", f"--pfllib_logs={logs}",
          f"--pfljax=mine={work}", "--seeds=0,1"],  # fmt: skip
         capture_output=True, text=True, cwd=ROOT, env=binary_env(), timeout=300,
     )  # fmt: skip

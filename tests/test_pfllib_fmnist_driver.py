@@ -1,11 +1,11 @@
-"""experiments/pfllib_fmnist.py's table: best, final and common-round accuracy from the runs' logs."""
+"""experiments/pfllib/pfllib_fmnist.py's table: best, final and common-round accuracy from the runs' logs."""
 
 import json
 import os
 
 import numpy as np
 
-from experiments import pfllib_fmnist as driver
+from experiments.pfllib import pfllib_fmnist as driver
 
 
 def write_run(workdir, method, seed, accuracies, summary=None):

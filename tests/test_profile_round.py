@@ -1,4 +1,4 @@
-"""experiments/profile_round.py on CPU: a traced FedAvg round of a tiny bench case, read back
+"""experiments/bench/profile_round.py on CPU: a traced FedAvg round of a tiny bench case, read back
 from its Perfetto trace (events summed per process, shares within each process)."""
 
 import json
@@ -14,7 +14,7 @@ def test_profile_of_a_tiny_round_lists_the_busiest_events(tmp_path):
     # (seen in CI: the top 5 were all profiler and Python frames).
     args = ["--case=mlp", "--clients=3", "--rows=16", "--steps=2", "--rounds=2", "--top=20"]
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.profile_round", *args, f"--trace_dir={tmp_path}"],
+        [sys.executable, "-m", "experiments.bench.profile_round", *args, f"--trace_dir={tmp_path}"],
         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -39,7 +39,7 @@ def test_bad_flags_get_one_line_and_exit_2_before_anything_runs(tmp_path):
         ("--rounds=0", "--rounds must be an integer >= 1"),
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "experiments.profile_round", flag, f"--trace_dir={tmp_path}"],
+            [sys.executable, "-m", "experiments.bench.profile_round", flag, f"--trace_dir={tmp_path}"],
             capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120,
         )  # fmt: skip
         assert proc.returncode == 2, (flag, proc.stderr[-2000:])

@@ -8,7 +8,7 @@ written for ONE client and mapped over that axis once, with a strategy:
   clients, run sequentially). The default on CPU, where XLA's batched matmuls and
   batched convolutions are slower than a sequential scan over clients.
 
-Both give the same numbers (tested); pick by measurement (`experiments/bench.py`).
+Both give the same numbers (tested); pick by measurement (`experiments/bench/bench.py`).
 """
 
 from __future__ import annotations

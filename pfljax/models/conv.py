@@ -4,7 +4,7 @@ On CPU, `conv_impl="auto"` is "onednn": oneDNN's convolutions (what PyTorch's CP
 convolutions call) as XLA FFI custom calls, compiled on first use where a C++
 compiler and oneDNN's headers are installed (`pfljax.models.onednn`); a FedAvg
 round of the CNNs 1.06-1.67x and of ResNet-9 1.4x faster than with im2col_nn
-(`python -m experiments.bench_vs_torch --conv_impl=im2col_nn,auto`,
+(`python -m experiments.bench.bench_vs_torch --conv_impl=im2col_nn,auto`,
 experiments/results/bench_vs_torch.md).
 Without them, "auto" is "im2col_nn" on CPU.
 
@@ -12,7 +12,7 @@ A convolution written as im2col (shifted slices concatenated on the channel
 axis, then one matmul) is the default on GPU. There the native convolution
 vmapped over clients (each with its own kernel) becomes a grouped convolution
 that runs no faster than a loop over clients. Measured on an H100
-(`python -m experiments.bench --cases=cnn --conv_impl=native|im2col
+(`python -m experiments.bench.bench --cases=cnn --conv_impl=native|im2col
 --strategies=vmap`), a FedAvg round of the CNN: 10 clients 216k -> 1.07M
 samples/s, 100 clients 401k -> 1.49M. On CPU, inside the local-training loop
 (a while/scan body), XLA hands the gradients' convolutions of the native
@@ -26,7 +26,7 @@ from the product by optimization barriers, so XLA does not fold them back in)
 makes it a row-major matmul for YNNPACK, 1.3-1.8x faster for patch widths
 kh*kw*Cin from 144 and Cout up to 256 (every layer of the CNNs and ResNet-9 but
 the first), slower for narrow patches (<= 27) and for Cout >= 512, which keep
-XLA's product (`python -m experiments.bench_weight_grad`). The input's gradient
+XLA's product (`python -m experiments.bench.bench_weight_grad`). The input's gradient
 is JAX's own. On TPU (not measured here) the native `lax.conv_general_dilated`
 stays the default. All are tested equal (outputs and grads); "onednn" takes
 float32 only (other dtypes run im2col_nn).
@@ -46,7 +46,7 @@ from pfljax.models import onednn
 
 IMPLS = ("auto", "im2col", "im2col_nn", "native", "onednn")
 # "im2col_nn" computes the kernel gradient as dy^T @ patches for patch widths kh * kw * Cin from
-# NN_WEIGHT_GRAD_MIN_WIDTH and Cout up to NN_WEIGHT_GRAD_MAX_COUT (experiments/bench_weight_grad.py).
+# NN_WEIGHT_GRAD_MIN_WIDTH and Cout up to NN_WEIGHT_GRAD_MAX_COUT (experiments/bench/bench_weight_grad.py).
 NN_WEIGHT_GRAD_MIN_WIDTH = 128
 NN_WEIGHT_GRAD_MAX_COUT = 256
 

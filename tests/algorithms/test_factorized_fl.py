@@ -459,7 +459,7 @@ def test_fashion_mnist_domains_collaborate_within_groups():
     """2 groups of 4 clients with disjoint classes (relabelled 0..4 per group, not
     permuted per client) and the release's domain settings: the averaged mixing
     matrix weighs clients of the same group more. With labels also permuted per
-    client the ratio is below 1 at this scale (experiments/factorized_fl_study.py)."""
+    client the ratio is below 1 at this scale (experiments/studies/factorized_fl_study.py)."""
     from pfljax.data import build_federated_data
 
     fd = build_federated_data(

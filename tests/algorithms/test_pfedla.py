@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.pfedla_study import overlap_data
+from experiments.studies.pfedla_study import overlap_data
 from pfljax.algorithms import fedavg, local, pfedla
 from pfljax.core import hypernet, layers
 from pfljax.core.clients import client_key, round_keys, take

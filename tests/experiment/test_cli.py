@@ -11,6 +11,7 @@ separate `python -m` processes (one from another directory) and must print the s
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -358,15 +359,15 @@ def test_out_of_device_memory_is_one_line_and_exit_4(tmp_path, capsys):
 
 
 EXPERIMENT_BINARIES = sorted(
-    f"experiments.{name[:-3]}"
-    for name in os.listdir(os.path.join(ROOT, "experiments"))
-    if name.endswith(".py") and "app.run(" in open(os.path.join(ROOT, "experiments", name)).read()
+    ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for path in pathlib.Path(ROOT, "experiments").rglob("*.py")
+    if "app.run(" in path.read_text()
 )
 
 
 def test_every_experiment_binary_refuses_a_bad_flag_in_one_line_with_exit_2():
     cases = [{"module": m, "args": ["--no_such_flag_pfljax=1"], "cwd": ROOT} for m in EXPERIMENT_BINARIES]
-    cases.append({"module": "experiments.bench_vs_torch", "args": ["--conv_impl=nosuch"], "cwd": ROOT})
+    cases.append({"module": "experiments.bench.bench_vs_torch", "args": ["--conv_impl=nosuch"], "cwd": ROOT})
     assert len(EXPERIMENT_BINARIES) >= 20
     for case, res in zip(cases, fork_runs(cases)):
         lines = res["stderr"].strip().splitlines()
@@ -380,9 +381,9 @@ def test_conv_impl_onednn_where_it_cannot_be_built_is_one_line_and_exit_2(tmp_pa
     --conv_impl=onednn refuse in one line, exit 2, before anything runs."""
     env = {**binary_env(), "CXX": "false", "PFLJAX_CACHE_DIR": str(tmp_path)}
     for module, args in [
-        ("experiments.bench", ["--conv_impl=onednn", "--cases=cnn"]),
-        ("experiments.bench_vs_torch", ["--conv_impl=im2col,onednn", "--cases=cnn"]),
-        ("experiments.profile_round", ["--conv_impl=onednn"]),
+        ("experiments.bench.bench", ["--conv_impl=onednn", "--cases=cnn"]),
+        ("experiments.bench.bench_vs_torch", ["--conv_impl=im2col,onednn", "--cases=cnn"]),
+        ("experiments.bench.profile_round", ["--conv_impl=onednn"]),
     ]:
         res = subprocess.run(
             [sys.executable, "-m", module, *args],
@@ -405,7 +406,7 @@ def test_bench_vs_torch_without_torch_is_one_line_and_exit_2():
     code = (
         "import runpy, sys; sys.modules['torch'] = None; "
         "sys.argv = ['bench_vs_torch', '--cases=mlp']; "
-        "runpy.run_module('experiments.bench_vs_torch', run_name='__main__')"
+        "runpy.run_module('experiments.bench.bench_vs_torch', run_name='__main__')"
     )
     res = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=binary_env(), capture_output=True, text=True, timeout=300

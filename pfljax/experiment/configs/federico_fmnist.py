@@ -24,7 +24,7 @@ client (about 10% of a client's ~8750-sample share), 80/20 train/test. The MLP
 rounds; FedeRiCo defaults n=3, epsilon=0.3, beta=0.6. Adam is the paper's
 optimizer: with the run loop's default SGD (lr 0.05, momentum 0.9) FedeRiCo's
 summed M-step diverges (experiments/results/federico_fmnist.md). The same
-setting as `python -m experiments.federico_study`.
+setting as `python -m experiments.studies.federico_study`.
 """
 
 from __future__ import annotations

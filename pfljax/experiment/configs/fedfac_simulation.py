@@ -5,14 +5,14 @@
 
 The argument after ":" picks the split variant (default "dynamic"): true, static,
 dynamic, dynamic_updates, eig, random, random_static, fedavg, all_personalized,
-local (see experiments/fedfac_study.py for what each one is; "true" is the
+local (see experiments/studies/fedfac_study.py for what each one is; "true" is the
 paper's name for the true split, called "oracle" here before; the paper's
 "oracle", the generator's own decision function, trains nothing and is in the
 study only). The split
 variants personalize the generator's number of personalized units,
 tau_quantile = 100 (1 - p): after changing `source.p`, set
 `--config.fedfac.tau_quantile` to match. Paper grid: p in {0.3, 0.5, 0.7} with
-alpha=0.4, and alpha in {0.2, 0.4, 0.6} with p=0.5. `experiments/fedfac_study.py`
+alpha=0.4, and alpha in {0.2, 0.4, 0.6} with p=0.5. `experiments/studies/fedfac_study.py`
 runs the whole grid directly through the library.
 """
 

@@ -1,6 +1,6 @@
 """The convolution kernel's gradient as XLA computes it, as `im2col_nn` computes it, and in torch.
 
-    python -m experiments.bench_weight_grad [--shapes=6272x400x32,...] [--repeats=7]
+    python -m experiments.bench.bench_weight_grad [--shapes=6272x400x32,...] [--repeats=7]
 
 A kernel gradient of an im2col convolution is `patches^T @ dy`: patches [M, K]
 (M = batch * output pixels, K = kh * kw * Cin), dy [M, Cout], both contracted over

@@ -1,6 +1,6 @@
 """FedeRiCo's Fig. 1: clients on intervals of a sine curve, each with a linear regressor.
 
-    python -m experiments.federico_sine [--clients=8] [--intervals=4] [--rounds=100] [--steps=10]
+    python -m experiments.studies.federico_sine [--clients=8] [--intervals=4] [--rounds=100] [--steps=10]
         [--plot=sine.png]
 
 Each client holds samples of y = sin(x) + noise on its interval of [-pi, pi]

@@ -1,6 +1,6 @@
 """One FedAvg round in pfljax against the same round the PyTorch-library way.
 
-    python -m experiments.bench_vs_torch [--cases=cnn,mlp,fedavgcnn,refcnn,resnet9,lstm]
+    python -m experiments.bench.bench_vs_torch [--cases=cnn,mlp,fedavgcnn,refcnn,resnet9,lstm]
         [--clients=10,100] [--split=equal|dirichlet|both] [--rows=0] [--epochs=1]
         [--repeats=3] [--torch_threads=0] [--devices=1[,2]] [--conv_impl=auto[,im2col,...]]
         [--lstm_impl=scan[,flax]]
@@ -76,9 +76,9 @@ FLAGS = flags.FLAGS
 # rows: per client (one epoch = rows / batch steps). Sizes are kept small enough
 # that a round of every case fits a loaded 2-core CPU; raise --rows on a GPU.
 CASES = {
-    # experiments/bench.py's "cnn": pfljax's default CNN (16, 32 channels of 5x5 VALID, dense 100).
+    # experiments/bench/bench.py's "cnn": pfljax's default CNN (16, 32 channels of 5x5 VALID, dense 100).
     "cnn": dict(model="cnn", input_shape=(28, 28, 1), classes=10, rows=320, batch=32, kwargs={}),
-    # experiments/bench.py's "mlp": the FedFac simulation MLP d=100, one hidden layer of 200.
+    # experiments/bench/bench.py's "mlp": the FedFac simulation MLP d=100, one hidden layer of 200.
     "mlp": dict(model="mlp", input_shape=(100,), classes=2, rows=640, batch=32, kwargs={"hidden": (200,)}),
     # PFLlib's FedAvgCNN (system/flcore/trainmodel/models.py): 32, 64 channels of 5x5 with no
     # padding, each ReLU + 2x2 max pool, Linear(1024, 512) + ReLU, Linear(512, classes).

@@ -1,11 +1,11 @@
 """pFedLA studies on Fashion-MNIST: learned weights vs label overlap, label conflict, and
 the comparison with Local / FedAvg / FedAvg+.
 
-    python -m experiments.pfedla_study --study=overlap [--rounds=40]
-    python -m experiments.pfedla_study --study=conflict
-    python -m experiments.pfedla_study --study=compare --variants=local,fedavg,fedavg_ft,pfedla
-    python -m experiments.pfedla_study --study=sweep --variants=pfedla@hn_lr=0.005,pfedla@hn_lr=0.5
-    python -m experiments.pfedla_study --study=sensitivity
+    python -m experiments.studies.pfedla_study --study=overlap [--rounds=40]
+    python -m experiments.studies.pfedla_study --study=conflict
+    python -m experiments.studies.pfedla_study --study=compare --variants=local,fedavg,fedavg_ft,pfedla
+    python -m experiments.studies.pfedla_study --study=sweep --variants=pfedla@hn_lr=0.005,pfedla@hn_lr=0.5
+    python -m experiments.studies.pfedla_study --study=sensitivity
 
 Studies:
 - overlap: 8 clients, client c holds classes c..c+3 (mod 10), so neighbours share 3

@@ -1,12 +1,12 @@
 """FedeRiCo round time relative to FedAvg, and the memory of the neighbour models.
 
-    python -m experiments.bench_federico [--json] [--clients=8,100] [--neighbours=3,all]
+    python -m experiments.bench.bench_federico [--json] [--clients=8,100] [--neighbours=3,all]
         [--steps=5] [--strategies=auto] [--repeats=5] [--donate]
 
 For each number of clients C and neighbours n (an integer, or "all" = C - 1) it
 times one jitted FedeRiCo round and one FedAvg round with the same local steps
 and optimizer (Adam), interleaved (median of --repeats, after compilation;
-`timing.compare_rounds`), on the MLP of experiments/bench.py's "mlp" case
+`timing.compare_rounds`), on the MLP of experiments/bench/bench.py's "mlp" case
 (d=100, 200 hidden units, 2 classes, 400 rows per client, batch 32). FedeRiCo
 computes C * (n + 1) (client, model) gradients per step where FedAvg computes C,
 so its round should cost about (n + 1) times FedAvg's; `over_fedavg` is the
@@ -28,7 +28,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from experiments import timing
+from experiments.bench import timing
 from pfljax.algorithms import fedavg, federico
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes

@@ -1,6 +1,6 @@
 """Factorized-FL vs FedAvg on the same (unfactorized) architecture: round time and bytes.
 
-    python -m experiments.bench_factorized_fl [--cases=mlp,cnn,resnet9] [--json]
+    python -m experiments.bench.bench_factorized_fl [--cases=mlp,cnn,resnet9] [--json]
 
 bytes: per-client upload/download of one round for the paper's ResNet-9 on
 32x32x3 inputs with 10 classes (and the other cases), for each Factorized-FL

@@ -1,6 +1,6 @@
 """Factorized-FL on Fashion-MNIST: who collaborates with whom, and accuracy vs baselines.
 
-    python -m experiments.factorized_fl_study [--parts=domains,labels] [--rounds=20] [--json]
+    python -m experiments.studies.factorized_fl_study [--parts=domains,labels] [--rounds=20] [--json]
 
 domains: 2 groups of `--domain_clients` clients with disjoint classes (relabelled
 0..4 per group), labels permuted per client or not; the release's domain settings

@@ -1,6 +1,6 @@
 """Costs of the run loop's pieces, one function per case (CASES).
 
-    python -m experiments.bench_loop [--json] [--cases=blocks,eval_rows,pfllib_dir_round] [--repeats=5]
+    python -m experiments.bench.bench_loop [--json] [--cases=blocks,eval_rows,pfllib_dir_round] [--repeats=5]
 
 One JSON line (with --json; else a readable line) per measurement, each with its
 case; summary rows carry their target and whether it is met.
@@ -44,7 +44,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from experiments.timing import time_round
+from experiments.bench.timing import time_round
 from pfljax.algorithms import fedavg, scaffold
 from pfljax.core import local
 from pfljax.core.clients import ClientMap, take

@@ -1,8 +1,8 @@
 """FedFac simulation study (Sec. 4.3 of arXiv 2312.04281): which split of the hidden units?
 
-    nice -n 10 python -m experiments.fedfac_study --settings=0.5:0.4 --seeds=0,1,2 \\
+    nice -n 10 python -m experiments.studies.fedfac_study --settings=0.5:0.4 --seeds=0,1,2 \\
         --out=/tmp/fedfac_study.jsonl
-    python -m experiments.fedfac_study --table_only --out=/tmp/fedfac_study.jsonl \\
+    python -m experiments.studies.fedfac_study --table_only --out=/tmp/fedfac_study.jsonl \\
         --markdown=experiments/results/fedfac_simulation.md
 
 Data: model (8) (`pfljax.data.simulation`), C clients, d=100 covariates, m=200
@@ -36,9 +36,9 @@ setting of experiments/configs/fedfac_fmnist.py: 10 clients with 4 classes
 each, 1000 samples per client, the CNN, SGD 0.05 momentum 0.9, batch 32, one
 local epoch; FedFac splits dense_0 with kappa 0.85, tau 50, dynamic):
 
-    nice -n 10 python -m experiments.fedfac_study --study=fmnist --rounds=20 \
+    nice -n 10 python -m experiments.studies.fedfac_study --study=fmnist --rounds=20 \
         --seeds=0,1,2 --out=/tmp/fedfac_fmnist.jsonl
-    python -m experiments.fedfac_study --study=fmnist --rounds=20 --table_only \
+    python -m experiments.studies.fedfac_study --study=fmnist --rounds=20 --table_only \
         --out=/tmp/fedfac_fmnist.jsonl --markdown=experiments/results/fedfac_fmnist_tables.md
 
 - Table 3 (new clients): 20% of the clients never train; their LocalTrain
@@ -65,7 +65,7 @@ generator's weights (truth_fa_*); the tables show them.
 the generator's own per-client weights (as the "true" runs do; variant
 "truth_fa" in --out), for the truth-recovery table:
 
-    nice -n 10 python -m experiments.fedfac_study --truth_only \
+    nice -n 10 python -m experiments.studies.fedfac_study --truth_only \
         --settings=0.5:0.4,0.3:0.4,0.5:0.2,0.5:0.6,0.7:0.4 --seeds=0,1,2 --out=/tmp/fedfac_study.jsonl
 
 Each finished run appends one JSON line to --out (so a study can be resumed and
@@ -558,7 +558,7 @@ def main(argv):
             f"{r['samples']} samples per client (80/20 train/test), d=100, m=200, median labels; "
             f"MLP 100-200-2, SGD lr={r['lr']} momentum 0.9, batch 32, {r['epochs']} local epoch(s); "
             f"kappa={FLAGS.kappa}; split variants personalize 100(1-p)% of the hidden units.\n"
-            "Reproduce: `python -m experiments.fedfac_study` (see its docstring).\n\n"
+            "Reproduce: `python -m experiments.studies.fedfac_study` (see its docstring).\n\n"
         )
         with open(FLAGS.markdown, "w") as f:
             f.write(header + text)

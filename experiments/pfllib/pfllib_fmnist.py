@@ -1,8 +1,8 @@
 """PFLlib's Fashion-MNIST protocol for every method at once, under a wall-clock deadline.
 
-    python -m experiments.pfllib_fmnist --setting=dir --workdir=runs/pfllib_dir \\
+    python -m experiments.pfllib.pfllib_fmnist --setting=dir --workdir=runs/pfllib_dir \\
         [--rounds=2000] [--deadline_s=540] [--jobs=0] [--methods=fedavg,ditto,...]
-    python -m experiments.pfllib_fmnist --table_only --workdir=runs/pfllib_dir
+    python -m experiments.pfllib.pfllib_fmnist --table_only --workdir=runs/pfllib_dir
 
 Each method runs as its own `experiments.compare` process (config
 `pfllib_fmnist.py:<setting>`, seeds 0, 1, 2 as one vectorized program), into
@@ -23,7 +23,7 @@ METHODS maps a row name to an algorithm and config overrides: the pfljax
 defaults, plus two rows for methods whose paper defaults diverge in round 1
 under this protocol's plain SGD: `pfedme_pfllib`, pFedMe with PFLlib's main.py
 values of lam (1) and the personal rate (0.01) instead of the pFedMe authors'
-MNIST command (lam 15, 0.1; see experiments/pfedme_stability.py), and
+MNIST command (lam 15, 0.1; see experiments/studies/pfedme_stability.py), and
 `federico_mean`, FedeRiCo with m_step="mean" (the gradient scale plain SGD
 needs; the paper's "sum" is meant for Adam).
 The table (markdown, to stdout): best and final sample-weighted mean test accuracy

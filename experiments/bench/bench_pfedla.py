@@ -1,6 +1,6 @@
 """pFedLA round time relative to FedAvg, and the memory of the stacked hypernetworks.
 
-    python -m experiments.bench_pfedla [--cases=mlp10,mlp100,cnn10] [--repeats=5] [--json] [--donate]
+    python -m experiments.bench.bench_pfedla [--cases=mlp10,mlp100,cnn10] [--repeats=5] [--json] [--donate]
         [--baseline=/tmp/pfedla_before.py]
 
 For each case (model, C clients, K per round) it times one jitted round of FedAvg
@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from experiments import timing
+from experiments.bench import timing
 from pfljax.algorithms import fedavg, pfedla
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes

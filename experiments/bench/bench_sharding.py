@@ -1,6 +1,6 @@
 """Round time with the client axis sharded over D devices, by mapping strategy.
 
-    python -m experiments.bench_sharding [--devices=4] [--cases=cnn,mlp] [--json]
+    python -m experiments.bench.bench_sharding [--devices=4] [--cases=cnn,mlp] [--json]
 
 On CPU it forces D host devices (`pfljax.runtime.sharding.use_cpu_devices`, as the
 binaries' `--cpu_devices`); on GPU/TPU it uses the first D devices. For the
@@ -28,13 +28,13 @@ import time
 import jax
 from absl import app, flags
 
-from experiments import bench
+from experiments.bench import bench
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import ClientMap
 from pfljax.experiment.cli import parse_flags
 from pfljax.runtime.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
 
-FLAGS = flags.FLAGS  # --cases, --repeats, --json come from experiments.bench
+FLAGS = flags.FLAGS  # --cases, --repeats, --json come from experiments.bench.bench
 flags.DEFINE_integer("devices", 4, "devices D the client axis is sharded over")
 
 

@@ -3,7 +3,7 @@
 Reads what the two sides wrote and prints the Markdown tables of
 experiments/results/pfllib_differential.md; draws the per-round curves (PNG).
 
-    python -m experiments.pfllib_differential --pfllib_logs=/work/pfllib_run/logs \\
+    python -m experiments.pfllib.pfllib_differential --pfllib_logs=/work/pfllib_run/logs \\
         --pfljax=flax=/work/pfllib_run/pfljax_seeds012 --pfljax=torch=/work/pfllib_run/pfljax_torchinit \\
         --png=experiments/results/pfllib_differential.png
 

@@ -1,9 +1,9 @@
 """Replicas (seeds) as one program vs separate runs: wall time of one FedAvg round.
 
-    python -m experiments.bench_sweep [--cases=mlp,cnn] [--replicas=1,4,8] [--repeats=5]
+    python -m experiments.bench.bench_sweep [--cases=mlp,cnn] [--replicas=1,4,8] [--repeats=5]
         [--clients=N] [--steps=S] [--strategy=vmap|map]
 
-For each case of `experiments.bench` (the same models, data shapes and local
+For each case of `experiments.bench.bench` (the same models, data shapes and local
 schedule; --clients / --steps shrink them) and each R it times, interleaved
 (R separate, then R as one, repeated --repeats times):
 - `separate_s`: R rounds of the single run's jitted round, one after another
@@ -28,7 +28,7 @@ import time
 import jax
 from absl import app, flags
 
-from experiments import bench
+from experiments.bench import bench
 from pfljax.algorithms import fedavg
 from pfljax.experiment.cli import parse_flags
 from pfljax.runtime import replicas
@@ -37,7 +37,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-    """experiments.bench's flags and this binary's, defined only when it runs."""
+    """experiments.bench.bench's flags and this binary's, defined only when it runs."""
     bench.define_flags()
     flags.DEFINE_list("replicas", ["1", "4", "8"], "replica counts R")
     flags.DEFINE_integer("steps", 0, "local steps per round (0: the case's own)")

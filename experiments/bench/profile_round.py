@@ -1,11 +1,11 @@
 """Where a FedAvg round's time goes: a jax.profiler trace, summed per operation.
 
-    python -m experiments.profile_round --case=cnn [--clients=100] [--seeds=1]
+    python -m experiments.bench.profile_round --case=cnn [--clients=100] [--seeds=1]
         [--rows=0] [--steps=0] [--client_map=auto] [--chunk_size=0] [--local_loop=auto] [--conv_impl=auto]
         [--rounds=2] [--top=20] [--trace_dir=/tmp/profile_round]
-    python -m experiments.profile_round --case=pfllib_dir --seeds=3 [...]
+    python -m experiments.bench.profile_round --case=pfllib_dir --seeds=3 [...]
 
-`--case`: a bench case (experiments/bench.py CASES: random data, equal clients) or
+`--case`: a bench case (experiments/bench/bench.py CASES: random data, equal clients) or
 `pfllib_dir` (FedAvg on `pfllib_fmnist.py:dir`, Fashion-MNIST). The round is compiled
 and run once, then `--rounds` rounds run under `jax.profiler.trace` with a Perfetto
 trace, which is read back (plain JSON, no profiler plugin needed): one JSON line per
@@ -27,8 +27,8 @@ import time
 import jax
 from absl import app, flags
 
-from experiments import bench, timing
-from experiments.gpu_suite import seeds_algorithm
+from experiments.bench import bench, timing
+from experiments.bench.gpu_suite import seeds_algorithm
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import STRATEGIES, ClientMap
 from pfljax.core.local import LOOPS, LocalTraining
@@ -133,7 +133,7 @@ def main(argv):
 
 
 def define_flags():
-    flags.DEFINE_string("case", "cnn", "a bench case (experiments/bench.py) or pfllib_dir")
+    flags.DEFINE_string("case", "cnn", "a bench case (experiments/bench/bench.py) or pfllib_dir")
     flags.DEFINE_integer("clients", 0, "bench case: clients (0: the case's own)")
     flags.DEFINE_integer("rows", 0, "bench case: rows per client (0: the case's own)")
     flags.DEFINE_integer("steps", 0, "bench case: local steps (0: the case's own)")

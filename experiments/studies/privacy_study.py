@@ -1,7 +1,7 @@
 """Client-level DP on Fashion-MNIST: accuracy of FedAvg, FedPer, FedRep and Ditto vs epsilon.
 
-    python -m experiments.privacy_study --probe            # update norms without clipping or noise
-    python -m experiments.privacy_study --clip_norm=C [--seeds=0,1,2] [--rounds=20]
+    python -m experiments.studies.privacy_study --probe            # update norms without clipping or noise
+    python -m experiments.studies.privacy_study --clip_norm=C [--seeds=0,1,2] [--rounds=20]
 
 Data: the default config (`experiments/configs/default.py`: Fashion-MNIST,
 4 classes per client, 1000 samples per client, 80/20 split) with `--num_clients`

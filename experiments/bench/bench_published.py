@@ -1,6 +1,6 @@
 """FLUTE's two published speed settings replayed on synthetic data of the same shapes.
 
-    python -m experiments.bench_published --json [--rounds=3] [--cases=femnist_flute,shakespeare_flute]
+    python -m experiments.bench.bench_published --json [--rounds=3] [--cases=femnist_flute,shakespeare_flute]
         [--scale=1.0] [--seed=0]
 
 FLUTE's README (github:microsoft/msrflute, README.md, "Benchmarking" table and "FedML
@@ -16,7 +16,7 @@ Comparison") gives each task's setting and FLUTE's wall time (FLUTE over NCCL, "
 
 Here each case is one FedAvg round of the library (`pfljax.algorithms.fedavg.build`, K of C
 clients sampled inside the round, plain SGD, 1 local epoch, the library's default local
-loop), jitted and timed after its compiled first run (`experiments.timing`); evaluation
+loop), jitted and timed after its compiled first run (`experiments.bench.timing`); evaluation
 is not timed. Models as the library's LEAF configs build them
 (`pfljax/experiment/configs/leaf_femnist.py`: LEAF's FEMNIST CNN, 5x5 convs of 32 and 64,
 dense 2048, 62 classes; `leaf_shakespeare.py`: the char LSTM, embedding 8, two LSTM layers
@@ -69,7 +69,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from experiments.timing import run_timed
+from experiments.bench.timing import run_timed
 from pfljax.algorithms import fedavg
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes
@@ -174,7 +174,7 @@ def build(case: Case, seed: int):
 
 def compile_round(alg, data) -> dict:
     """The round jitted (state donated, as the binaries run it), compiled and run once, as
-    experiments.timing.compile_round, the initial state from a jitted `alg.init` (the char
+    experiments.bench.timing.compile_round, the initial state from a jitted `alg.init` (the char
     LSTM's eager flax init takes ~2.5x as long on CPU)."""
     num = int(data.train.count.shape[0])
     state = jax.jit(alg.init, static_argnums=(1, 2))(jax.random.key(0), None, num)

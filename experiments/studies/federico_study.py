@@ -1,9 +1,9 @@
 """FedeRiCo on Fashion-MNIST groups (the paper's Table 1 setting) and its ablations.
 
-    python -m experiments.federico_study --mode=table [--groups=2,3,4] [--seeds=0,1,2]
+    python -m experiments.studies.federico_study --mode=table [--groups=2,3,4] [--seeds=0,1,2]
         [--methods=federico,local,fedavg,fedavg_ft,cfl,fedem,fedfomo] [--rounds=50]
-    python -m experiments.federico_study --mode=accumulate --groups=4 --trace_every=5
-    python -m experiments.federico_study --mode=sweep --groups=4 \\
+    python -m experiments.studies.federico_study --mode=accumulate --groups=4 --trace_every=5
+    python -m experiments.studies.federico_study --mode=sweep --groups=4 \\
         --sweep='epsilon=0,0.1,0.3,0.6,1;neighbours=1,2,3,5,7;beta=0.1,0.3,0.6,0.9,1'
     # any mode: --out=study.jsonl (one JSON record per run, appended);
     # --table_from=study.jsonl prints the tables of an existing file.

@@ -1,6 +1,6 @@
 """Scaling: round cost that follows the clients' real data, bytes of client data, many clients.
 
-    python -m experiments.bench_scale [--json] [--cases=a,b,c,d,million] [--repeats=2]
+    python -m experiments.bench.bench_scale [--json] [--cases=a,b,c,d,million] [--repeats=2]
         [--clients_a=20,100] [--clients_c=10,100,1000,10000]
         [--million_clients=1000000] [--million_compare=10000] [--million_rounds=20]
 
@@ -54,7 +54,7 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from experiments.timing import time_round
+from experiments.bench.timing import time_round
 from pfljax.algorithms import fedavg, federico, fedper, pfedla
 from pfljax.core.local import LocalTraining
 from pfljax.core.params import tree_bytes

@@ -1,6 +1,6 @@
 """The GPU measurements (CASES below) in one command, under 9 minutes on a bare GPU machine.
 
-    python -m experiments.gpu_suite [--out=gpu_suite.jsonl] [--cases=bench,vs_torch,...] [--smoke]
+    python -m experiments.bench.gpu_suite [--out=gpu_suite.jsonl] [--cases=bench,vs_torch,...] [--smoke]
 
 One JSON object per measurement, printed and appended (flushed) to --out, so a run
 cut short still leaves its figures. Every row carries `case`, `device` (jax's
@@ -10,17 +10,17 @@ case past its time budget (BUDGET_S, about 8.5 minutes in all) leaves "skipped" 
 for what it did not run. The cases (CASES; those of a goal run first), each reusing the
 bench module named:
 
-- bench (experiments.bench): FedAvg round samples/s, MLP and CNN, 10 / 100 / 1000
+- bench (experiments.bench.bench): FedAvg round samples/s, MLP and CNN, 10 / 100 / 1000
   clients (CNN clients hold 320 random rows; 50 local steps of 32), with the Python
   loop of jitted per-client training up to 100 clients and XLA's GFLOP/s;
-- vs_torch (experiments.bench_vs_torch): pfljax's round against the PyTorch-library
+- vs_torch (experiments.bench.bench_vs_torch): pfljax's round against the PyTorch-library
   loop, both on the same device; goal torch / pfljax >= 10 for the CNN at 100
   clients; one "skipped" row where torch is not installed;
 - local_loop: the round with LocalTraining(loop="scan") vs loop="while" (the
   `config.local_loop` option; "auto" is scan on GPU), MLP and CNN, 100 equal clients;
-- seeds (experiments.bench_sweep): 1 vs 8 seeds as one program; goal 8 seeds in
+- seeds (experiments.bench.bench_sweep): 1 vs 8 seeds as one program; goal 8 seeds in
   <= 2x the time of one;
-- eval_chunk (experiments.bench_eval): one evaluation of PFLlib's FedAvgCNN on the
+- eval_chunk (experiments.bench.bench_eval): one evaluation of PFLlib's FedAvgCNN on the
   `pfllib_fmnist.py:dir` test rows per chunk size (`evaluate_clients(..., chunk=)`);
 - pfllib_dir: FedAvg on `pfllib_fmnist.py:dir`, `--pfllib_seeds` (3) seeds as one program
   (pfljax.runtime.replicas, as `--vectorize` runs them): seconds of one jitted round and
@@ -42,7 +42,7 @@ command (under 10 minutes):
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl;
     export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false;
     mkdir -p /usr/share/datasets && cp -r .gpudata/fashion-mnist /usr/share/datasets/;
-    python3 -m experiments.gpu_suite --out=gpu_suite.jsonl
+    python3 -m experiments.bench.gpu_suite --out=gpu_suite.jsonl
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import NamedTuple
 import jax
 from absl import app, flags
 
-from experiments import bench, bench_eval, bench_sweep, bench_vs_torch, timing
+from experiments.bench import bench, bench_eval, bench_sweep, bench_vs_torch, timing
 from pfljax.core.clients import STRATEGIES
 from pfljax.core.evaluate import EVAL_CHUNK
 from pfljax.core.local import LOOPS

@@ -1,6 +1,6 @@
 """Round throughput: the library's jitted round vs a Python loop over clients.
 
-    python -m experiments.bench [--json] [--cases=cnn,mlp] [--strategies=auto,vmap,map]
+    python -m experiments.bench.bench [--json] [--cases=cnn,mlp] [--strategies=auto,vmap,map]
         [--conv_impl=auto|im2col|im2col_nn|native|onednn] [--clients=N]
 
 For each case it prints samples/s of one FedAvg round (all local updates in one
@@ -41,7 +41,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     """The binary's flags (also those of bench_sweep, bench_sharding, bench_fedfac), defined
-    only when one of them runs: importing the module (experiments.gpu_suite) must not clash."""
+    only when one of them runs: importing the module (experiments.bench.gpu_suite) must not clash."""
     flags.DEFINE_bool("json", False, "print one JSON object per line")
     flags.DEFINE_list("cases", ["cnn", "mlp"], "cases to run: cnn, mlp, resnet9")
     flags.DEFINE_list("strategies", ["auto"], "client-mapping strategies: auto, vmap, map")

@@ -1,8 +1,8 @@
 """FedFac round time over FedAvg round time on the same data, model and local training.
 
-    nice -n 10 python -m experiments.bench_fedfac [--cases=cnn,mlp] [--repeats=3] [--method=ipf]
+    nice -n 10 python -m experiments.bench.bench_fedfac [--cases=cnn,mlp] [--repeats=3] [--method=ipf]
 
-Cases come from `experiments.bench` (random arrays of the right shapes): "cnn" is
+Cases come from `experiments.bench.bench` (random arrays of the right shapes): "cnn" is
 the CNN on 28x28x1 (10 clients x 50 steps x batch 32), "mlp" the FedFac
 simulation MLP (d=100, m=200, 100 clients x 20 steps x batch 32). For each case
 and split layer it times one jitted FedFac round (dynamic mode: a factor
@@ -28,11 +28,11 @@ import time  # noqa: E402
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from experiments import bench  # noqa: E402
+from experiments.bench import bench  # noqa: E402
 from pfljax.algorithms import fedavg, fedfac  # noqa: E402
 from pfljax.experiment.cli import parse_flags
 
-FLAGS = flags.FLAGS  # --cases, --repeats and --json come from experiments.bench
+FLAGS = flags.FLAGS  # --cases, --repeats and --json come from experiments.bench.bench
 flags.DEFINE_string("method", "ipf", "factor_split method")
 
 SPLITS = {

@@ -1,6 +1,7 @@
 """Evaluation rows per forward pass (`pfljax.core.evaluate.EVAL_CHUNK`): time of one evaluation.
 
-    python -m experiments.bench_eval [--chunks=128,512] [--setting=dir] [--repeats=5] [--client_map=vmap]
+    python -m experiments.bench.bench_eval [--chunks=128,512] [--setting=dir]
+        [--repeats=5] [--client_map=vmap]
 
 Evaluates the FedAvgCNN of `pfllib_fmnist.py:<setting>` (20 clients, all test rows) with
 `pfljax.core.evaluate.evaluate_clients(..., chunk=c)` under --client_map, jitted once per
@@ -30,7 +31,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-    """The binary's flags, defined only when it runs (experiments.gpu_suite imports the module)."""
+    """The binary's flags, defined only when it runs (experiments.bench.gpu_suite imports the module)."""
     flags.DEFINE_list("chunks", ["128", "512"], "rows per forward pass to compare")
     flags.DEFINE_enum("setting", "dir", ["dir", "pat"], "PFLlib split")
     flags.DEFINE_integer("repeats", 5, "timed evaluations per chunk size")

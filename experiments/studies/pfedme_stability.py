@@ -1,6 +1,6 @@
 """Why pFedMe diverges under PFLlib's Fashion-MNIST protocol at its MNIST defaults.
 
-    python -m experiments.pfedme_stability [--client=0] [--local_steps=300]
+    python -m experiments.studies.pfedme_stability [--client=0] [--local_steps=300]
 
 pFedMe's inner solve is K gradient steps of size personal_lr on
 f(theta; D) + lam / 2 ||theta - w||^2; gradient descent on it is stable only if

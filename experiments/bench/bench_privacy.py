@@ -1,6 +1,6 @@
 """Cost of client-level DP in a FedAvg round: rounds with `config.dp.enabled` vs without.
 
-    python -m experiments.bench_privacy [--json] [--cases=femnist_cnn,default_mlp] [--repeats=5]
+    python -m experiments.bench.bench_privacy [--json] [--cases=femnist_cnn,default_mlp] [--repeats=5]
         [--clients_per_round=3] [--femnist_clients=10] [--femnist_rows=40]
         [--reference=FILE]
 
@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from experiments import timing
+from experiments.bench import timing
 from pfljax.core import round as round_lib
 from pfljax.core.types import ClientArrays, ClientData
 from pfljax.data.federated import FederatedData

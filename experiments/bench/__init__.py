@@ -1,0 +1,1 @@
+"""Benchmarks (each prints JSON lines; figures in experiments/results/) and the round profiler."""
