@@ -361,15 +361,34 @@ def full_losses(hp: FedericoHyper, variables, train: ClientArrays, pairs: Pairs)
     return hp.client_map(one, (pairs.client, pairs.model)).reshape(pairs.nbrs.shape)
 
 
+def running_losses(
+    losses: jax.Array,
+    seen: jax.Array,
+    observed: jax.Array,
+    mask: jax.Array,
+    beta: float,
+    accumulate: str = "ema",
+) -> tuple[jax.Array, jax.Array]:
+    """FedeRiCo's estimate of each model's loss on a client's data, after one observation.
+
+    Where `mask` holds, a model seen before moves to (1 - beta) old + beta observed
+    ("ema", the paper's) or old + observed ("sum"); one not seen before takes the
+    observation. Arrays broadcast together (e.g. [clients, models]). Returns
+    (losses, seen); the client's posterior over the models is then
+    `pfljax.core.mixture.posterior(losses, mask=seen)`."""
+    new = (1.0 - beta) * losses + beta * observed if accumulate == "ema" else losses + observed
+    new = jnp.where(seen, new, observed)
+    return jnp.where(mask, new, losses), seen | mask
+
+
 def e_step(hp: FedericoHyper, estimate: Estimate, pair_loss, observed_mask, pairs: Pairs) -> Estimate:
     """The estimate after observing pair_loss [K, n+1] where observed_mask holds."""
     rows, nbrs = jnp.arange(pairs.nbrs.shape[0])[:, None], pairs.nbrs
     observed = pair_loss * pairs.scale[:, None]
     old, was_seen = estimate.losses[rows, nbrs], estimate.seen[rows, nbrs]
-    new = (1.0 - hp.beta) * old + hp.beta * observed if hp.accumulate == "ema" else old + observed
-    new = jnp.where(was_seen, new, observed)
-    losses = estimate.losses.at[rows, nbrs].set(jnp.where(observed_mask, new, old))
-    seen = estimate.seen.at[rows, nbrs].set(was_seen | observed_mask)
+    new, now_seen = running_losses(old, was_seen, observed, observed_mask, hp.beta, hp.accumulate)
+    losses = estimate.losses.at[rows, nbrs].set(new)
+    seen = estimate.seen.at[rows, nbrs].set(now_seen)
     return Estimate(losses, seen, mixture.posterior(losses, mask=seen))
 
 

@@ -369,11 +369,20 @@ def make_hypernet(
     )
 
 
+def aggregation_weights(
+    raw: jax.Array, client: jax.Array, normalization: str = "softmax", top_k: int = 0
+) -> tuple[jax.Array, jax.Array]:
+    """pFedLA's layer-wise aggregation weights of `client` from its hypernetwork's raw
+    outputs [L, C] (one row per layer group): `normalize_weights`, then HeurpFedLA's
+    `retain_top_k` (top_k 0: pFedLA). Returns (alpha [L, C], retained [L])."""
+    return retain_top_k(normalize_weights(raw, client, normalization), client, top_k)
+
+
 def layer_weights(hp: PFedLAHyper, hn_params: dict, cid: jax.Array, num_clients: int):
     """Client cid's weights alpha [L, C] from its hypernetwork, and the groups it retains [L]."""
     out = hp.hypernet(num_clients).apply(hn_params, 0)
     raw = jnp.stack([out[name] for name in hp.names])
-    return retain_top_k(normalize_weights(raw, cid, hp.normalization), cid, hp.top_k)
+    return aggregation_weights(raw, cid, hp.normalization, hp.top_k)
 
 
 def participant_layer_weights(hp: PFedLAHyper, hn_rows: dict, part: Participants):

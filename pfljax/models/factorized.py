@@ -62,11 +62,16 @@ class FactorizedDense(nn.Module):
         u = self.param("u", factor_init(), (fan_in, self.rank))
         v = self.param("v", factor_init(), (self.features, self.rank))
         mu = self.param("mu", nn.initializers.zeros, (fan_in, self.features))
-        y = x @ (u @ v.T + mu)
+        y = x @ dense_kernel(u, v, mu)
         if self.use_bias:
             bias = self.param("bias", nn.initializers.zeros, (self.features,))
             y = y + bias.reshape((1,) * (y.ndim - 1) + (-1,))
         return y
+
+
+def dense_kernel(u: jax.Array, v: jax.Array, mu: jax.Array) -> jax.Array:
+    """u [in, r] @ v [out, r]^T + mu [in, out]: a factorized Dense layer's kernel."""
+    return u @ v.T + mu
 
 
 def conv_kernel(u: jax.Array, v: jax.Array, mu: jax.Array) -> jax.Array:
