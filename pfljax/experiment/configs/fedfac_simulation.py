@@ -6,7 +6,7 @@
 The argument after ":" picks the split variant (default "dynamic"): true, static,
 dynamic, dynamic_updates, eig, random, random_static, fedavg, all_personalized,
 local (see experiments/studies/fedfac_study.py for what each one is; "true" is the
-paper's name for the true split, called "oracle" here before; the paper's
+paper's name for the true split; the paper's
 "oracle", the generator's own decision function, trains nothing and is in the
 study only). The split
 variants personalize the generator's number of personalized units,
