@@ -16,7 +16,14 @@ arrays). Importing this package does not import TensorFlow.
 """
 
 from pfljax.data import leaf, sine, tff_h5  # noqa: F401  (register "leaf_*", "sine", "tff_*")
-from pfljax.data.federated import PARTITIONS, FederatedData, build_federated_data, pad_clients, pool_clients
+from pfljax.data.federated import (
+    PARTITIONS,
+    DataSpec,
+    FederatedData,
+    build_federated_data,
+    pad_clients,
+    pool_clients,
+)
 from pfljax.data.sources import PerClient, Pooled, load_source, register_source
 
 __all__ = [
@@ -24,6 +31,7 @@ __all__ = [
     "PARTITIONS",
     "PerClient",
     "Pooled",
+    "DataSpec",
     "build_federated_data",
     "load_source",
     "pad_clients",

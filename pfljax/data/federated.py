@@ -167,8 +167,8 @@ def pool_clients(
 
 
 def build_federated_data(
-    dataset: str,
-    num_clients: int,
+    dataset: str | DataSpec,
+    num_clients: int | None = None,
     *,
     partition: str = "iid",
     dirichlet_alpha: float = 0.5,
@@ -191,7 +191,8 @@ def build_federated_data(
 
     Args:
       dataset: "fashion_mnist", "simulation", "sine", "tfds:<name>" or another
-        registered source (see sources.load_source).
+        registered source (see sources.load_source); or a `DataSpec` holding
+        every argument (then give no other).
       num_clients: C >= 1.
       partition: one of PARTITIONS (pooled sources); per-client sources
         accept only "iid". "pfllib_dirichlet" / "pfllib_pathological" are
@@ -228,13 +229,25 @@ def build_federated_data(
       ValueError: naming the offending argument and its allowed values, for
         every invalid input, before any data is read where possible.
     """
-    o = _Options(**locals())  # the arguments by name (first: locals() holds just them)
-    spec = sources.source_spec(dataset)
+    if isinstance(dataset, DataSpec):
+        others = {k: v for k, v in locals().items() if k != "dataset"}
+        given = sorted(k for k, v in others.items() if v != DataSpec._field_defaults.get(k))
+        if given:
+            raise TypeError(f"build_federated_data: a DataSpec holds every argument; also given: {given}")
+        return build_federated_data(**dataset._asdict())
+    if num_clients is None:
+        raise TypeError("build_federated_data: num_clients is required (or give a DataSpec)")
+    return _build(DataSpec(**locals()))  # the arguments by name (locals() holds just them)
+
+
+def _build(o: DataSpec) -> FederatedData:
+    """The FederatedData of the arguments `o` (see `build_federated_data`)."""
+    spec = sources.source_spec(o.dataset)
     _check_options(o, spec)
     group_ids = _group_ids(o)
     source = _load_source(o, spec)
     _check_class_args(o, source.num_classes)
-    rngs = (np.random.default_rng(seed), _pfllib_stream(o))  # see _partition, _split_one
+    rngs = (np.random.default_rng(o.seed), _pfllib_stream(o))  # see _partition, _split_one
     share = _client_shares(o, spec, source, rngs, group_ids)
     maps, model_classes = _label_maps(o, source.num_classes, share.class_sets, group_ids)
     splits, clients = _split_clients(o, share, maps, model_classes, group_ids, rngs)
@@ -246,27 +259,28 @@ def build_federated_data(
     )
 
 
-class _Options(NamedTuple):
-    """The arguments of `build_federated_data`, by name (see its docstring)."""
+class DataSpec(NamedTuple):
+    """Which federated data to build: `build_federated_data`'s arguments as one value
+    (same names, same defaults; see its docstring). `build_federated_data(spec)` builds it."""
 
     dataset: str
     num_clients: int
-    partition: str
-    dirichlet_alpha: float
-    classes_per_client: int
-    num_dominant: int
-    dominant_fraction: float
-    num_groups: int
-    group_relabel: bool
-    group_assignment: str
-    permute_labels: str
-    samples_per_client: int | None
-    test_fraction: float
-    test_split: str
-    min_samples_per_client: int
-    seed: int
-    data_dir: str | None
-    source_kwargs: dict[str, Any] | None
+    partition: str = "iid"
+    dirichlet_alpha: float = 0.5
+    classes_per_client: int = 2
+    num_dominant: int = 2
+    dominant_fraction: float = 0.8
+    num_groups: int = 2
+    group_relabel: bool = True
+    group_assignment: str = "balanced"
+    permute_labels: str = "none"
+    samples_per_client: int | None = None
+    test_fraction: float = 0.2
+    test_split: str = "stratified"
+    min_samples_per_client: int = 10
+    seed: int = 0
+    data_dir: str | None = None
+    source_kwargs: dict[str, Any] | None = None
 
     @property
     def uses_groups(self) -> bool:
@@ -314,7 +328,7 @@ class _Shares(NamedTuple):
         return [np.zeros(len(y), np.int32) if one else y for _, y in self.pools]
 
 
-def _check_options(o: _Options, spec: sources.SourceSpec) -> None:
+def _check_options(o: DataSpec, spec: sources.SourceSpec) -> None:
     """Every check that needs no data (ValueError naming the argument)."""
     _check_args(o, spec.per_client)
     if spec.num_classes is not None:
@@ -325,7 +339,7 @@ def _check_options(o: _Options, spec: sources.SourceSpec) -> None:
         )
 
 
-def _pfllib_stream(o: _Options) -> np.random.RandomState | None:
+def _pfllib_stream(o: DataSpec) -> np.random.RandomState | None:
     """numpy's legacy RandomState(seed), PFLlib's `np.random.seed(seed)` global stream,
     where a pfllib_* partition or the "pfllib" split draws from it; else None."""
     if o.partition.startswith("pfllib_") or o.test_split == "pfllib":
@@ -333,7 +347,7 @@ def _pfllib_stream(o: _Options) -> np.random.RandomState | None:
     return None
 
 
-def _group_ids(o: _Options) -> np.ndarray:
+def _group_ids(o: DataSpec) -> np.ndarray:
     """[C] group of each client: drawn by `group_assignment` where groups are used
     (default_rng([seed, 1]): the other draws stay unchanged), else balanced."""
     if o.uses_groups:
@@ -341,7 +355,7 @@ def _group_ids(o: _Options) -> np.ndarray:
     return part.client_groups(o.num_clients, o.num_groups)
 
 
-def _load_source(o: _Options, spec: sources.SourceSpec) -> sources.Pooled | sources.PerClient:
+def _load_source(o: DataSpec, spec: sources.SourceSpec) -> sources.Pooled | sources.PerClient:
     """Loads the source; a per-client one is asked for num_clients clients."""
     kwargs = dict(o.source_kwargs or {})
     if spec.per_client and kwargs.setdefault("num_clients", o.num_clients) != o.num_clients:
@@ -351,7 +365,7 @@ def _load_source(o: _Options, spec: sources.SourceSpec) -> sources.Pooled | sour
     return spec.load(data_dir=o.data_dir, seed=o.seed, **kwargs)
 
 
-def _client_shares(o: _Options, spec, source, rngs, group_ids) -> _Shares:
+def _client_shares(o: DataSpec, spec, source, rngs, group_ids) -> _Shares:
     """Each client's share: a per-client source's clients as generated, or the pooled
     source partitioned; then capped at samples_per_client (class-stratified).
     rngs: (Generator, PFLlib's RandomState stream or None)."""
@@ -374,7 +388,7 @@ def _client_shares(o: _Options, spec, source, rngs, group_ids) -> _Shares:
     return share._replace(parts=parts)
 
 
-def _per_client_shares(o: _Options, source: sources.PerClient) -> _Shares:
+def _per_client_shares(o: DataSpec, source: sources.PerClient) -> _Shares:
     """A per-client source's clients, every row of each."""
     if len(source.xs) != o.num_clients:
         raise ValueError(f"num_clients={o.num_clients} but the source made {len(source.xs)} clients.")
@@ -399,7 +413,7 @@ def _per_client_shares(o: _Options, source: sources.PerClient) -> _Shares:
     return _Shares(pools, parts, None, source.truth, regression, source.levels, fixed)
 
 
-def _pooled_shares(o: _Options, source: sources.Pooled, rngs, group_ids) -> _Shares:
+def _pooled_shares(o: DataSpec, source: sources.Pooled, rngs, group_ids) -> _Shares:
     """A pooled source's train and test splits pooled, then partitioned among the clients."""
     x_all = np.concatenate([source.x_train, source.x_test])
     y_all = np.concatenate([source.y_train, source.y_test])
@@ -411,7 +425,7 @@ def _pooled_shares(o: _Options, source: sources.Pooled, rngs, group_ids) -> _Sha
     return _Shares([(x_all, y_all)] * o.num_clients, parts, class_sets, None, False, source.levels)
 
 
-def _split_clients(o: _Options, share: _Shares, maps, model_classes: int, group_ids, rngs):
+def _split_clients(o: DataSpec, share: _Shares, maps, model_classes: int, group_ids, rngs):
     """Splits each client's share into train and test (`test_split`), labels mapped
     to the model's (maps[c]; real-valued targets as float32). rngs: (Generator,
     PFLlib's RandomState stream or None).
@@ -445,7 +459,7 @@ def _split_clients(o: _Options, share: _Shares, maps, model_classes: int, group_
     return splits, clients
 
 
-def _split_one(o: _Options, strata: np.ndarray, rngs) -> tuple[np.ndarray, np.ndarray]:
+def _split_one(o: DataSpec, strata: np.ndarray, rngs) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) positions of one client's samples, by `test_split`: "stratified"
     (per label, round(test_fraction * n) test samples, partition.stratified_split,
     from the Generator rngs[0]) or "pfllib" (PFLlib's split_data: floor((1 -
@@ -475,7 +489,7 @@ def _client_summary(c: int, group, labels, label_map, y_train, y_test, model_cla
     }
 
 
-def _summary(o: _Options, share: _Shares, num_classes: int, model_classes: int, input_shape, clients):
+def _summary(o: DataSpec, share: _Shares, num_classes: int, model_classes: int, input_shape, clients):
     """FederatedData.summary: the options, the shapes, and the clients' entries
     (test_split "source": the source's own per-client test rows)."""
     regression = share.regression
@@ -510,7 +524,7 @@ def _class_counts(labels: np.ndarray, num_classes: int) -> list[int]:
     return np.bincount(np.ravel(np.asarray(labels, np.int64)), minlength=num_classes)[:num_classes].tolist()
 
 
-def _partition(o: _Options, labels, num_classes: int, rngs, group_ids):
+def _partition(o: DataSpec, labels, num_classes: int, rngs, group_ids):
     """Runs the named partitioner: (C index arrays, the groups' class sets for "groups"
     else None). PFLlib's splits draw from rngs[1], RandomState(seed) as PFLlib's
     np.random.seed (partition.pfllib_*); the others from the Generator rngs[0]."""
@@ -536,7 +550,7 @@ def _partition(o: _Options, labels, num_classes: int, rngs, group_ids):
     return part.groups(labels, c, rng, class_sets=class_sets, group_ids=group_ids), class_sets
 
 
-def _label_maps(o: _Options, num_classes: int, class_sets, group_ids):
+def _label_maps(o: DataSpec, num_classes: int, class_sets, group_ids):
     """Returns ([C, K] source label -> model label (-1: unused), model K)."""
     base = np.tile(np.arange(num_classes), (o.num_clients, 1))
     model_classes = num_classes
@@ -552,7 +566,7 @@ def _label_maps(o: _Options, num_classes: int, class_sets, group_ids):
     return maps, model_classes
 
 
-def _check_args(o: _Options, per_client: bool) -> None:
+def _check_args(o: DataSpec, per_client: bool) -> None:
     """The checks of the arguments that need neither the data nor the number of classes."""
     num_clients, partition, alpha = o.num_clients, o.partition, o.dirichlet_alpha
     if isinstance(num_clients, bool) or int(num_clients) != num_clients or (num_clients < 1):
@@ -583,7 +597,7 @@ def _check_args(o: _Options, per_client: bool) -> None:
         raise ValueError(f"min_samples_per_client must be >= 0, got {o.min_samples_per_client!r}.")
 
 
-def _check_class_args(o: _Options, num_classes: int) -> None:
+def _check_class_args(o: DataSpec, num_classes: int) -> None:
     """The checks of the partition's arguments against the number of classes K."""
     partition, k = o.partition, o.classes_per_client
     if partition in ("shards", "classes", "pfllib_pathological") and not 1 <= k <= num_classes:

@@ -1,7 +1,8 @@
 """Experiment configs: the shared schema, validation, and config -> objects.
 
 `base_config()` is the schema every config shares (`experiments/configs/default.py`
-returns it); each algorithm's own options live under `config.<algorithm>.<option>`,
+returns it): the common fields of `config_fields.FIELDS` (each one's default, domain and
+help line written there once); each algorithm's own options live under `config.<algorithm>.<option>`,
 read from the keyword-only arguments of `pfljax.algorithms.<name>.build` (their
 defaults become the config defaults). Integer caps use 0 for "none/all".
 
@@ -44,15 +45,20 @@ from pfljax.core.domains import Domain
 from pfljax.core.local import LOOPS, LocalTraining
 from pfljax.core.privacy import ClientDP
 from pfljax.core.types import Algorithm
-from pfljax.data import FederatedData, build_federated_data
+from pfljax.data import DataSpec, FederatedData, build_federated_data
 from pfljax.data.federated import TEST_SPLITS
 from pfljax.data.idx import PIXEL_SCALES
+from pfljax.experiment.config_fields import (  # noqa: F401  (source_options: re-exported)
+    FIELDS,
+    IDX_DIR,
+    fashion_mnist_available,
+    source_options,
+)
 from pfljax.experiment.settings import Accounting, Placement, RunSettings, Schedule
 from pfljax.models import MODELS, Model, build_model
 from pfljax.models.weights import load_variables
 from pfljax.runtime.offload import STORAGES
 
-IDX_DIR = "/usr/share/datasets/fashion-mnist"
 # Arguments every build takes, set from the common fields instead.
 COMMON_BUILD_ARGS = ("model", "local", "clients_per_round", "client_map", "privacy")
 SIMPLE_TYPES = (bool, int, float, str)
@@ -83,36 +89,10 @@ ALGORITHM_TRAINING = {
 }
 
 
-# The domains of the numeric common fields (pfljax.core.domains), checked by `validate`
+# The domains of the numeric common fields (`config_fields.FIELDS`), checked by `validate`
 # whether or not the run uses the field; a function of the config where a bound
 # depends on another field. Unset (None) learning_rate / momentum are not checked.
-FIELD_DOMAINS = {
-    "seed": Domain(0, integer=True),
-    "data_seed": Domain(-1, integer=True, note="-1: use seed"),
-    "rounds": Domain(1, integer=True),
-    "num_clients": Domain(1, integer=True),
-    "clients_per_round": lambda c: Domain(
-        0, c.num_clients, integer=True, note=f"num_clients={c.num_clients}; 0: all clients"
-    ),
-    "dirichlet_alpha": Domain(0, low_open=True),
-    "classes_per_client": Domain(1, integer=True),
-    "num_dominant": Domain(1, integer=True),
-    "dominant_fraction": Domain(0, 1, low_open=True),
-    "num_groups": Domain(1, integer=True),
-    "samples_per_client": Domain(0, integer=True, note="0: no cap"),
-    "test_fraction": Domain(0, 1, low_open=True, high_open=True),
-    "local_steps": Domain(0, integer=True, note="0: use local_epochs"),
-    "local_epochs": Domain(1, integer=True, note="used when local_steps is 0"),
-    "batch_size": Domain(1, integer=True),
-    "learning_rate": Domain(0, low_open=True, note="unset: the optimizer's default"),
-    "momentum": Domain(0, 1, high_open=True),
-    "weight_decay": Domain(0),
-    "chunk_size": Domain(0, integer=True, note="0: no chunks"),
-    "eval_every": Domain(1, integer=True),
-    "checkpoint_every": Domain(0, integer=True, note="0: only at the end"),
-    "block_rounds": Domain(0, integer=True, note="0: auto"),
-    "num_devices": lambda c: Domain(0, jax.device_count(), integer=True, note="0: all visible devices"),
-}
+FIELD_DOMAINS = {name: f.domain for name, f in FIELDS.items() if f.domain is not None}
 # config.dp.<field> (client-level DP): ClientDP's fields, the accountant's delta and the budget.
 DP_DOMAINS = {
     **privacy.DOMAINS,
@@ -174,50 +154,7 @@ SOURCE_DOMAINS = {
     "min_samples": Domain(0, integer=True),
 }
 # One line per common field, for --help.
-FIELD_HELP = {
-    "algorithm": "one of pfljax.algorithms.available()",
-    "seed": "seed of initialization, sampling and (data_seed -1) the data; >= 0",
-    "dataset": "fashion_mnist, simulation, tfds:<name>, leaf_femnist, leaf_shakespeare, tff_emnist or "
-    "tff_shakespeare (default: fashion_mnist where its IDX files are)",
-    "data_dir": "directory of the data files ('' : the source's default; LEAF: its data/ dir; "
-    "TFF: the .h5 files' dir)",
-    "data_seed": "seed of the partition; -1: seed",
-    "partition": "iid, dirichlet, shards, classes, dominant, groups, pfllib_dirichlet, pfllib_pathological "
-    "(per-client sources: iid)",
-    "dirichlet_alpha": "> 0, partition=dirichlet/pfllib_dirichlet",
-    "classes_per_client": ">= 1, partition=classes/shards/pfllib_pathological",
-    "num_dominant": ">= 1, partition=dominant",
-    "dominant_fraction": "in (0, 1], partition=dominant",
-    "num_groups": ">= 1, partition=groups or permute_labels=group",
-    "group_relabel": "partition=groups: relabel each group's classes 0..K/G-1",
-    "permute_labels": "none, client or group",
-    "samples_per_client": "cap per client (class-stratified); 0: no cap",
-    "test_fraction": "share of each client's samples held out for test, in (0, 1)",
-    "test_split": "stratified (by label) or pfllib (PFLlib's shuffled train_test_split on its numpy stream)",
-    "num_clients": ">= 1",
-    "clients_per_round": "0: all clients, else in [1, num_clients]",
-    "rounds": ">= 1",
-    "local_steps": "local steps per round; 0: use local_epochs",
-    "local_epochs": ">= 1; used when local_steps is 0",
-    "batch_size": ">= 1",
-    "drop_last": "drop each epoch's last incomplete batch (floor(n / batch_size) steps; PFLlib's)",
-    "optimizer": "auto (the method's: adam for federico, else sgd), sgd, adam, adamw",
-    "learning_rate": "> 0; unset: the optimizer's default (sgd 0.05, adam 1e-3)",
-    "momentum": "sgd momentum in [0, 1); unset: 0.9 (pfedme: 0, as its paper)",
-    "weight_decay": ">= 0",
-    "loss": "auto (by the data's task), cross_entropy, mse, token_cross_entropy",
-    "model": "a pfljax.models.MODELS name; model_kwargs go to it",
-    "client_map": "auto, vmap, map",
-    "chunk_size": ">= 0 (0: no chunks)",
-    "local_loop": "auto, scan, while (same numbers; auto: while on CPU)",
-    "num_devices": "devices the clients are sharded over; 0: all",
-    "replicate_data": "with several devices: the data on every device",
-    "eval_every": ">= 1 rounds between evaluations",
-    "checkpoint_every": ">= 0 rounds between checkpoints (0: only at the end)",
-    "block_rounds": ">= 0 rounds per compiled block (0: auto, up to the next checkpoint or the end)",
-    "client_storage": "device (every client on the device) or host (clients in host memory, a round's "
-    "participants moved to one device, the next round's prefetched)",
-}
+FIELD_HELP = {name: f.help for name, f in FIELDS.items()}
 
 
 class ConfigError(ValueError):
@@ -299,38 +236,6 @@ def algorithm_options(name: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(options)
 
 
-def source_options() -> ml_collections.ConfigDict:
-    """Options of the built-in sources, all unset (None) so `--config.source.<name>=v`
-    can set them: the simulation's (samples_per_client, d, m, p, alpha,
-    noise_scale, label_rule), standardize / splits / prepare_from (Fashion-MNIST,
-    TFDS), and pixel_scale (Fashion-MNIST: "unit" [0, 1], "symmetric" [-1, 1] as
-    PFLlib's ToTensor + Normalize(0.5, 0.5)), min_samples and users (LEAF, TFF: keep
-    users with at least min_samples samples, then the "first" or a "random"
-    num_clients of them). Only the ones set are passed to the source."""
-    ph = ml_collections.config_dict.placeholder
-    return ml_collections.ConfigDict(
-        {
-            "samples_per_client": ph(int),
-            "d": ph(int),
-            "m": ph(int),
-            "p": ph(float),
-            "alpha": ph(float),
-            "noise_scale": ph(float),
-            "label_rule": ph(str),
-            "standardize": ph(bool),
-            "splits": ph(tuple),
-            "prepare_from": ph(str),
-            "pixel_scale": ph(str),
-            "min_samples": ph(int),
-            "users": ph(str),
-        }
-    )
-
-
-def fashion_mnist_available(data_dir: str = IDX_DIR) -> bool:
-    return os.path.exists(os.path.join(data_dir, "train-images-idx3-ubyte.gz"))
-
-
 FASHION_MNIST_FIX = (
     f"apt-get install dataset-fashion-mnist (files under {IDX_DIR}), or "
     "--config.dataset=fashion_mnist --config.data_dir=DIR with the four IDX .gz files in DIR"
@@ -338,78 +243,10 @@ FASHION_MNIST_FIX = (
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """The schema with its defaults: FedAvg on Fashion-MNIST if its IDX files are
-    present, else on the FedFac simulation data (a run says which, and why:
-    `data_note`)."""
-    config = ml_collections.ConfigDict()
-    fmnist = fashion_mnist_available()
-    # What to run.
-    config.algorithm = "fedavg"
-    config.seed = 0
-    # Data (pfljax.data.build_federated_data).
-    config.dataset = "fashion_mnist" if fmnist else "simulation"
-    config.data_dir = ""
-    config.data_seed = -1  # partition/sampling seed of the data; -1: `seed`
-    config.partition = "classes" if fmnist else "iid"
-    config.dirichlet_alpha = 0.5
-    config.classes_per_client = 4
-    config.num_dominant = 2
-    config.dominant_fraction = 0.8
-    config.num_groups = 2
-    config.group_relabel = True
-    # partition=groups: which client gets which group; "balanced" (client c in group
-    # floor(c G / C), the default split), "random" or "random_nonempty" (seeded, FedeRiCo's paper).
-    config.group_assignment = "balanced"
-    config.permute_labels = "none"
-    config.samples_per_client = 1000 if fmnist else 0  # 0: no cap
-    config.test_fraction = 0.2
-    config.test_split = "stratified"  # pfllib: PFLlib's per-client train_test_split, exactly
-    config.source = source_options()  # extra source options (e.g. simulation p, alpha); None: unset
-    # Federation.
-    config.num_clients = 10
-    config.clients_per_round = 0  # 0: all clients
-    config.rounds = 20
-    # Local training (pfljax.core.LocalTraining).
-    config.local_steps = 0  # 0: use local_epochs
-    config.local_epochs = 1
-    config.batch_size = 32
-    config.drop_last = False  # True: floor(n / B) full batches per epoch (PFLlib's DataLoader)
-    config.optimizer = "auto"  # auto: ALGORITHM_TRAINING (adam for federico), else sgd
-    config.learning_rate = ml_collections.config_dict.placeholder(float)  # None: OPTIMIZER_DEFAULTS
-    config.momentum = ml_collections.config_dict.placeholder(float)  # None: OPTIMIZER_DEFAULTS (sgd only)
-    config.weight_decay = 0.0
-    config.loss = "auto"  # auto: cross_entropy for classification data, mse for regression (sine)
-    # Model (pfljax.models.build_model); model_kwargs go to the flax module.
-    config.model = "mlp"
-    config.model_kwargs = ml_collections.ConfigDict({"hidden": (200,)})
-    # .npz of starting weights for every client (pfljax.models.weights: flax layout or a torch
-    # state_dict, e.g. another library's initial model); "{seed}" in the path is replaced by the
-    # seed (one file per seed); "": the model's own initialisation.
-    config.init_params = ""
-    # Execution and outputs.
-    config.client_map = "auto"
-    config.chunk_size = 0  # 0: lax.map without chunks
-    config.local_loop = "auto"  # while: each client runs only its own steps; scan: the largest's, masked
-    config.num_devices = 0  # devices the client axis is sharded over; 0: all visible
-    config.replicate_data = False  # with several devices: ClientData on every device, not sharded
-    config.eval_every = 1
-    config.checkpoint_every = 5  # 0: only at the end
-    # Rounds run as one compiled program between host visits (0: auto, up to the next
-    # checkpoint or the end, at most MAX_BLOCK_ROUNDS; 1: one dispatch per round).
-    config.block_rounds = 0
-    # Where the clients' data and `client_*` state live (pfljax.runtime.offload): "device",
-    # or "host" (numpy; each round moves its participants to one device, the next round's
-    # prefetched while it runs: device memory follows clients_per_round, not num_clients).
-    config.client_storage = "device"
-    # Client-level differential privacy (pfljax.core.privacy, DP-FedAvg): each upload
-    # clipped to clip_norm, Gaussian noise noise_multiplier * clip_norm on the sum;
-    # delta 0: min(1e-5, 1 / num_clients^1.1), a delta >= 1/num_clients is refused;
-    # target_epsilon 0: no budget (else the run stops
-    # before a round that would exceed it).
-    config.dp = ml_collections.ConfigDict(
-        {"enabled": False, "noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 0.0, "target_epsilon": 0.0}
-    )
-    # Each algorithm's own options.
+    """The schema with its defaults (`config_fields.FIELDS`, then each algorithm's
+    options under `config.<algorithm>`): FedAvg on Fashion-MNIST if its IDX files are
+    present, else on the FedFac simulation data (a run says which, and why: `data_note`)."""
+    config = ml_collections.ConfigDict({name: f.value() for name, f in FIELDS.items()})
     for name in algorithms.available():
         config[name] = algorithm_options(name)
     return config
@@ -768,30 +605,35 @@ def _data_error(config, e: BaseException) -> ConfigError:
     return ConfigError(f"config (dataset={config.dataset!r}): {message}")
 
 
+def data_spec(config) -> DataSpec:
+    """The DataSpec of the config's data fields (`build_federated_data`'s arguments)."""
+    return DataSpec(
+        config.dataset,
+        config.num_clients,
+        partition=config.partition,
+        dirichlet_alpha=config.dirichlet_alpha,
+        classes_per_client=config.classes_per_client,
+        num_dominant=config.num_dominant,
+        dominant_fraction=config.dominant_fraction,
+        num_groups=config.num_groups,
+        group_relabel=config.group_relabel,
+        group_assignment=config.group_assignment,
+        permute_labels=config.permute_labels,
+        samples_per_client=config.samples_per_client or None,
+        test_fraction=config.test_fraction,
+        test_split=config.test_split,
+        seed=config.seed if config.data_seed < 0 else config.data_seed,
+        data_dir=config.data_dir or None,
+        source_kwargs={k: v for k, v in _tuples(to_plain(config.source)).items() if v is not None},
+    )
+
+
 def make_data(config) -> FederatedData:
-    """build_federated_data from the data fields; ConfigError on invalid values."""
+    """build_federated_data of the config's `data_spec`; ConfigError on invalid values."""
     quiet = _without_tf_log_lines() if str(config.dataset).startswith("tfds:") else contextlib.nullcontext()
     with quiet:
         try:
-            return build_federated_data(
-                config.dataset,
-                config.num_clients,
-                partition=config.partition,
-                dirichlet_alpha=config.dirichlet_alpha,
-                classes_per_client=config.classes_per_client,
-                num_dominant=config.num_dominant,
-                dominant_fraction=config.dominant_fraction,
-                num_groups=config.num_groups,
-                group_relabel=config.group_relabel,
-                group_assignment=config.group_assignment,
-                permute_labels=config.permute_labels,
-                samples_per_client=config.samples_per_client or None,
-                test_fraction=config.test_fraction,
-                test_split=config.test_split,
-                seed=config.seed if config.data_seed < 0 else config.data_seed,
-                data_dir=config.data_dir or None,
-                source_kwargs={k: v for k, v in _tuples(to_plain(config.source)).items() if v is not None},
-            )
+            return build_federated_data(data_spec(config))
         except (ValueError, TypeError, FileNotFoundError, OSError) as e:
             raise _data_error(config, e) from e
 

@@ -296,3 +296,22 @@ def test_a_partition_that_must_leave_a_class_out_is_refused(monkeypatch):
     fd = build_federated_data("four", 4, partition="classes", classes_per_client=1, seed=0)
     held = {c["source_classes"][0] for c in fd.summary["clients"]}
     assert fd.summary["unplaced_classes"] == sorted(set(range(4)) - held)
+
+
+def test_a_data_spec_holds_the_arguments_with_their_defaults_and_builds_the_same_data():
+    import inspect  # noqa: PLC0415
+
+    from pfljax.data import DataSpec  # noqa: PLC0415
+
+    params = inspect.signature(build_federated_data).parameters
+    assert list(params) == list(DataSpec._fields)
+    defaults = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+    assert {k: v for k, v in defaults.items() if k != "num_clients"} == DataSpec._field_defaults
+    source = {"samples_per_client": 30, "d": 6, "m": 4}
+    spec = DataSpec("simulation", 5, seed=4, test_fraction=0.3, source_kwargs=source)
+    by_spec = build_federated_data(spec)
+    by_args = build_federated_data("simulation", 5, seed=4, test_fraction=0.3, source_kwargs=source)
+    chex.assert_trees_all_equal(by_spec.data, by_args.data)
+    assert by_spec.summary == by_args.summary
+    with pytest.raises(TypeError, match=r"a DataSpec holds every argument; also given: \['seed'\]"):
+        build_federated_data(spec, seed=1)

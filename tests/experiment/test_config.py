@@ -8,6 +8,7 @@ import pytest
 
 from pfljax import algorithms
 from pfljax.experiment import config as C
+from pfljax.experiment import config_fields
 
 
 @pytest.mark.parametrize("name", algorithms.available())
@@ -96,7 +97,8 @@ def test_the_run_says_which_data_and_why(monkeypatch):
     config = C.base_config()
     config.dataset = "fashion_mnist"
     assert C.data_note(config) == f"data: Fashion-MNIST from the IDX files in {C.IDX_DIR}"
-    monkeypatch.setattr(C, "fashion_mnist_available", lambda data_dir=C.IDX_DIR: False)
+    for module in (C, config_fields):  # the run's note and the schema's defaults
+        monkeypatch.setattr(module, "fashion_mnist_available", lambda data_dir=C.IDX_DIR: False)
     fallback = C.base_config()
     assert (fallback.dataset, fallback.partition, fallback.samples_per_client) == ("simulation", "iid", 0)
     note = C.data_note(fallback)
