@@ -7,6 +7,7 @@ import io
 import os
 import re
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,10 +66,22 @@ def test_the_guides_config_file_is_a_valid_config():
     assert resolved.partition == "dirichlet" and resolved.num_clients == 20
 
 
+def test_the_seed_methods_guide_example_runs():
+    (code,) = blocks("docs/guides/seed_methods.md")
+    out = run(code, "docs/guides/seed_methods.md")
+    weights = np.asarray(out["weights"])
+    assert weights.shape == (2, 3) and np.argmax(weights[0]) == 0 and np.argmax(weights[1]) == 1
+
+
 def test_every_docs_page_with_python_is_covered_here():
     pages = []
     for folder, dirs, files in os.walk(os.path.join(ROOT, "docs")):
         dirs[:] = [d for d in dirs if not d.startswith("_")]  # _build, _ext
         pages += [os.path.relpath(os.path.join(folder, f), ROOT) for f in files if f.endswith(".md")]
     with_code = sorted(p for p in pages if blocks(p))
-    assert with_code == ["docs/guides/binaries.md", "docs/guides/own_model.md", "docs/guides/privacy.md"]
+    assert with_code == [
+        "docs/guides/binaries.md",
+        "docs/guides/own_model.md",
+        "docs/guides/privacy.md",
+        "docs/guides/seed_methods.md",
+    ]

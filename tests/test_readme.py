@@ -84,8 +84,10 @@ def resolve(dotted: str):
     raise ModuleNotFoundError(dotted)
 
 
-def test_every_dotted_pfljax_name_in_readme_exists():
-    text = open(os.path.join(ROOT, "README.md")).read()
+def test_every_dotted_pfljax_name_in_readme_and_the_guides_exists():
+    guides = os.path.join(ROOT, "docs", "guides")
+    paths = [os.path.join(ROOT, "README.md")] + [os.path.join(guides, f) for f in sorted(os.listdir(guides))]
+    text = "\n".join(open(p).read() for p in paths if p.endswith(".md"))
     names = sorted(set(re.findall(r"\bpfljax(?:\.[A-Za-z_]\w*)+", text)))
     assert len(names) > 40 and "pfljax.federico.sample_neighbours" in names
     missing = []
