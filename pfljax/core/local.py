@@ -46,7 +46,10 @@ class LocalTraining(NamedTuple):
     """Hyperparameters of local training, shared by every algorithm.
 
     Attributes:
-      optimizer: optax transformation for client updates.
+      optimizer: optax transformation for client updates. Its state starts afresh
+        (`optimizer.init`) at every round's local training, as in FedAvg and PFLlib (a
+        new optimizer per round), unless the algorithm keeps it in its state (FedeRiCo
+        keeps every model's, as its paper's Adam does).
       batch_size: minibatch size B.
       steps: local steps per round (exclusive with epochs).
       epochs: local epochs per round (exclusive with steps; if neither is
@@ -55,6 +58,8 @@ class LocalTraining(NamedTuple):
       loop: "while" (each client runs only its own steps), "scan" (the static
         maximum, masked) or "auto" (while on CPU, scan on GPU/TPU where a
         while loop's trip test costs a device round trip). Same numbers.
+        `jax.grad` through a round (e.g. with respect to a hyperparameter) needs
+        "scan": reverse-mode differentiation does not go through a while loop.
       drop_last: epochs of floor(count / B) full batches, the last partial batch
         dropped (torch's drop_last=True, PFLlib's train loader); default False:
         ceil(count / B) batches, the last one partial.

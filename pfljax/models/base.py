@@ -7,6 +7,7 @@ pass in training mode). Algorithms treat the whole dict as one client's model.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -40,17 +41,26 @@ class Model(NamedTuple):
 
 
 def from_flax(module: nn.Module, input_shape: tuple[int, ...], num_outputs: int) -> Model:
-    """Wraps a linen module whose __call__ takes (x, train)."""
+    """Wraps a linen module as a Model. Its __call__ takes the inputs x [B, *input_shape],
+    and a `train` flag if it has one (BatchNorm, dropout: the round passes train=True in
+    local steps, False in evaluation; an ordinary module without it is called with x only).
+    Collections other than "params" (e.g. batch_stats) are updated in training steps."""
+    takes_train = "train" in inspect.signature(module.__call__).parameters
+
+    def call(variables, x, train: bool, **kwargs):
+        flags = {"train": train} if takes_train else {}
+        return module.apply(variables, x, **flags, **kwargs)
 
     def init(key: jax.Array) -> Variables:
-        variables = module.init(key, jnp.zeros((1, *input_shape), jnp.float32), train=False)
+        flags = {"train": False} if takes_train else {}
+        variables = module.init(key, jnp.zeros((1, *input_shape), jnp.float32), **flags)
         return jax.tree.map(lambda x: x, dict(variables))
 
     def apply(variables: Variables, x: jax.Array, train: bool = False):
         mutable = [k for k in variables if k != "params"] if train else []
         if mutable:
-            out, updates = module.apply(variables, x, train=True, mutable=mutable)
+            out, updates = call(variables, x, True, mutable=mutable)
             return out, dict(updates)
-        return module.apply(variables, x, train=train), {}
+        return call(variables, x, train), {}
 
     return Model(init, apply, tuple(input_shape), num_outputs, module)

@@ -69,3 +69,44 @@ def test_cnn_torch_init_scheme_is_torch_default_uniform_and_flax_is_unchanged():
     assert abs(float(jnp.std(flax_v["dense_0"]["kernel"])) - 1024**-0.5) < 0.1 * 1024**-0.5
     with pytest.raises(ValueError, match="init must be one of"):
         build_model("cnn", (28, 28, 1), 10, init_scheme="jax", **kw).init(key)
+
+
+def test_from_flax_takes_a_module_without_a_train_flag_and_one_with_batch_norm():
+    import flax.linen as nn  # noqa: PLC0415
+    import optax  # noqa: PLC0415
+
+    from pfljax import LocalTraining, fedavg  # noqa: PLC0415
+    from pfljax.data import build_federated_data  # noqa: PLC0415
+    from pfljax.models import from_flax  # noqa: PLC0415
+
+    class Plain(nn.Module):  # an ordinary linen module: __call__(x) only
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.relu(nn.Dense(8)(x.reshape(x.shape[0], -1))))
+
+    class Normed(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            x = nn.BatchNorm(use_running_average=not train)(x.reshape(x.shape[0], -1))
+            return nn.Dense(3)(x)
+
+    x = jax.random.normal(jax.random.key(0), (4, 5))
+    plain = from_flax(Plain(), (5,), 3)
+    variables = plain.init(jax.random.key(1))
+    out, updates = plain.apply(variables, x, train=True)
+    chex.assert_trees_all_close(out, Plain().apply(variables, x))
+    assert updates == {}
+    normed = from_flax(Normed(), (5,), 3)
+    variables = normed.init(jax.random.key(1))
+    out, updates = normed.apply(variables, x, train=True)
+    assert "batch_stats" in updates
+    chex.assert_trees_all_close(out, Normed().apply(variables, x, train=True, mutable=["batch_stats"])[0])
+    # A FedAvg round over the plain module trains it.
+    fd = build_federated_data(
+        "simulation", 4, seed=0, source_kwargs={"samples_per_client": 20, "d": 5, "m": 3}
+    )
+    model = from_flax(Plain(), fd.input_shape, fd.num_classes)
+    alg = fedavg.build(model, LocalTraining(optax.sgd(0.1), batch_size=8, epochs=1))
+    state = alg.init(jax.random.key(0), None, 4)
+    new, metrics = jax.jit(alg.round)(state, fd.data, jax.random.key(1))
+    assert int(new.round) == 1 and bool(jnp.isfinite(metrics["train_loss"]))
