@@ -17,6 +17,7 @@ Every algorithm module is re-exported by name (`pfljax.<name>.build`), read from
 from pfljax import algorithms as algorithms
 from pfljax import core as core
 from pfljax import data as data
+from pfljax import maths as maths
 from pfljax import models as models
 from pfljax.core import aggregate as aggregate
 from pfljax.core import params as params
