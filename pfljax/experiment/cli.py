@@ -46,6 +46,7 @@ EXIT_FOOTER = (
     "5 a multi-process run lost a process, 130 / 143 interrupted by SIGINT / SIGTERM."
 )
 DEFAULT_INIT_TIMEOUT = 300  # seconds, jax.distributed.initialize's default
+DEFAULT_PEER_TIMEOUT = 30  # seconds: a process silent this long is lost (pfljax.experiment.peers)
 HELP_FLAGS = ("-h", "--help", "-help", "--helpfull", "--helpshort", "-?")
 SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../pfljax
@@ -277,6 +278,7 @@ class Distributed(NamedTuple):
     process_id: int | None = None
     initialization_timeout: int = DEFAULT_INIT_TIMEOUT
     cpu_devices: int = 1
+    peer_timeout: int = DEFAULT_PEER_TIMEOUT
 
 
 def define_distributed_flags() -> Callable[[], Distributed]:
@@ -303,6 +305,11 @@ def define_distributed_flags() -> Callable[[], Distributed]:
         DEFAULT_INIT_TIMEOUT,
         "seconds a process waits for the coordinator and the others to join",
     )
+    peer_timeout = flags.DEFINE_integer(
+        "peer_timeout",
+        DEFAULT_PEER_TIMEOUT,
+        "seconds without a heartbeat after which a process counts as lost (multi-process runs)",
+    )
     cpu_devices = flags.DEFINE_integer(
         "cpu_devices",
         1,
@@ -314,7 +321,7 @@ def define_distributed_flags() -> Callable[[], Distributed]:
     def values() -> Distributed:
         given = (address.value, count.value, index.value)
         enabled_now = enabled.value or any(v is not None for v in given)
-        return Distributed(enabled_now, *given, timeout.value, cpu_devices.value)
+        return Distributed(enabled_now, *given, timeout.value, cpu_devices.value, peer_timeout.value)
 
     return values
 
@@ -333,6 +340,8 @@ def check_distributed(opts: Distributed) -> None:
         fail(f"--coordinator_address={address}: give process 0's host:port, e.g. 10.0.0.1:1234")
     if opts.initialization_timeout < 1:
         fail(f"--initialization_timeout={opts.initialization_timeout}: give seconds >= 1")
+    if opts.peer_timeout < 5:
+        fail(f"--peer_timeout={opts.peer_timeout}: give seconds >= 5 (processes beat every second)")
 
 
 def initialize_distributed(opts: Distributed) -> None:
@@ -361,7 +370,7 @@ def initialize_distributed(opts: Distributed) -> None:
             "start process 0 (--process_id=0) on that host and port, the same --num_processes everywhere"
         )
     try:
-        peers.initialize(kwargs, opts.initialization_timeout)
+        peers.initialize(kwargs, opts.initialization_timeout, opts.peer_timeout)
     except (ValueError, TypeError, RuntimeError) as e:  # jax's argument checks, auto-detection
         fail(
             f"--distributed: jax.distributed.initialize: {e}; outside Cloud TPU, SLURM, Open MPI and "

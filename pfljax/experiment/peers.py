@@ -9,7 +9,7 @@ barrier until the heartbeat timeout (100 s) ends them with the same fatal error.
   the GIL while it waits); past the timeout it prints one line naming who did not join and
   exits 2. jax gets longer timeouts (JAX_MARGIN_S more), so these checks speak first.
 - `watch` then keeps a heartbeat per process in jax's key-value store: a process silent for
-  LOST_AFTER_S seconds (below jax's heartbeat timeout), or a collective failing on a closed
+  --peer_timeout seconds (default 30; below jax's heartbeat timeout), or a collective failing on a closed
   peer connection, ends this process with one line and EXIT_LOST_PEER (5), without the
   shutdown barrier (os._exit); what was written (the last checkpoint) is kept.
 
@@ -31,7 +31,6 @@ from pfljax.experiment.cli import EXIT_BAD_INPUT, EXIT_LOST_PEER, fail
 
 JAX_MARGIN_S = 60  # jax's own initialization and heartbeat timeouts exceed ours by this
 BEAT_S = 1.0  # seconds between heartbeats
-LOST_AFTER_S = 30  # seconds: a process silent this long is lost
 _KEY = "pfljax_peers/"
 _GLOO_LOST = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "timed out")
 
@@ -47,9 +46,10 @@ def end(message: str, code: int) -> None:
         os._exit(code)
 
 
-def initialize(kwargs: dict, timeout: int) -> None:
+def initialize(kwargs: dict, timeout: int, lost_after: float) -> None:
     """jax.distributed.initialize(**kwargs); past `timeout` seconds without every process
-    joined, one line and exit 2. Then `watch`es the processes."""
+    joined, one line and exit 2. Then `watch`es the processes (lost: `lost_after` seconds
+    without a heartbeat)."""
     import jax  # pylint: disable=import-outside-toplevel
     from jax._src import distributed  # pylint: disable=import-outside-toplevel
 
@@ -68,12 +68,12 @@ def initialize(kwargs: dict, timeout: int) -> None:
         jax.distributed.initialize(
             **kwargs,
             initialization_timeout=timeout + JAX_MARGIN_S,
-            heartbeat_timeout_seconds=LOST_AFTER_S + JAX_MARGIN_S,
+            heartbeat_timeout_seconds=int(lost_after) + JAX_MARGIN_S,
         )
     finally:
         joined.set()
     state = distributed.global_state
-    watch(state.client, state.process_id, state.num_processes)
+    watch(state.client, state.process_id, state.num_processes, lost_after)
 
 
 def not_joined_message(process_id: int, num_processes: int, address: str | None, timeout: int) -> str:
@@ -114,10 +114,10 @@ def gloo_lost(exc: BaseException) -> str | None:
     return None
 
 
-def watch(client, process_id: int, num_processes: int) -> None:
+def watch(client, process_id: int, num_processes: int, lost_after: float) -> None:
     """Ends this process with one line and EXIT_LOST_PEER when another is lost: a collective
     failing on its connection (an uncaught exception, through sys.excepthook) or its heartbeat
-    silent for LOST_AFTER_S seconds (a thread)."""
+    silent for `lost_after` seconds (a thread)."""
     exiting = threading.Event()
     atexit.register(exiting.set)  # runs before jax's shutdown (registered when jax was imported)
     previous = sys.excepthook
@@ -131,13 +131,16 @@ def watch(client, process_id: int, num_processes: int) -> None:
 
     sys.excepthook = hook
     threading.Thread(
-        target=_heartbeat, args=(client, process_id, num_processes, exiting), daemon=True, name="pfljax-peers"
+        target=_heartbeat,
+        args=(client, process_id, num_processes, exiting, lost_after),
+        daemon=True,
+        name="pfljax-peers",
     ).start()
 
 
-def _heartbeat(client, process_id: int, num_processes: int, exiting: threading.Event) -> None:
+def _heartbeat(client, process_id: int, num_processes: int, exiting: threading.Event, lost_after) -> None:
     """Writes this process's count every BEAT_S seconds and reads the others'; ends the process
-    when one stays unchanged LOST_AFTER_S seconds. An error of the store after the run's exit
+    when one stays unchanged `lost_after` seconds. An error of the store after the run's exit
     began (jax's shutdown) stops the thread; before, the coordinator (process 0) is gone."""
     seen = {j: ("", time.monotonic()) for j in range(num_processes) if j != process_id}
     count = 0
@@ -158,10 +161,10 @@ def _heartbeat(client, process_id: int, num_processes: int, exiting: threading.E
             beat = beats.get(f"{_KEY}{j}", "")
             if beat != value:
                 seen[j] = (beat, now)
-        lost = [j for j, (_, since) in seen.items() if now - since > LOST_AFTER_S]
+        lost = [j for j, (_, since) in seen.items() if now - since > lost_after]
         if lost:
             end(
-                lost_message(process_id, num_processes, lost, f"no heartbeat for {LOST_AFTER_S:g} s"),
+                lost_message(process_id, num_processes, lost, f"no heartbeat for {lost_after:g} s"),
                 EXIT_LOST_PEER,
             )
         time.sleep(BEAT_S)

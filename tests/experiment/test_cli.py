@@ -38,6 +38,7 @@ CASES = [
     (MAIN, ["--num_processes=2", "--process_id=2"], ["--process_id=2", "0 .. 1 (--num_processes=2)"]),
     (MAIN, ["--coordinator_address=nohost"], ["--coordinator_address=nohost", "host:port"]),
     (MAIN, ["--distributed", "--initialization_timeout=0"], ["--initialization_timeout=0", ">= 1"]),
+    (MAIN, ["--distributed", "--peer_timeout=2"], ["--peer_timeout=2", ">= 5"]),
     (MAIN, ["--cpu_devices=0"], ["--cpu_devices", ">= 1", "got 0"]),
     (COMPARE, ["--distributed", "--vectorize"], ["--vectorize", "multi-process"]),
     # Fields and options that do not exist.
