@@ -18,6 +18,7 @@ binaries run from any directory once pfljax is installed.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
 import importlib.util
@@ -194,8 +195,15 @@ def parse_flags(argv: list[str]) -> list[str]:
         value = resolve_config_path(value)
         argv[i] = f"--config={value}" if argv[i].startswith("--config=") else value
         config = load_config_file(value)
+    argv, model_kwargs = _split_model_arguments(argv, config)
+    if model_kwargs:
+        sys.argv = list(argv)  # ml_collections reads the config's overrides from sys.argv
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
+        if model_kwargs:
+            with flags.FLAGS.config.unlocked():
+                flags.FLAGS.config.model_kwargs.update(model_kwargs)
+        return rest
     except SystemExit:
         if any(a in HELP_FLAGS for a in argv[1:]):
             sys.exit(0)  # absl exits 1 after printing --help
@@ -211,6 +219,44 @@ def parse_flags(argv: list[str]) -> list[str]:
     except Exception as e:  # noqa: BLE001  config file errors not caught above
         fail(f"{type(e).__name__}: {' '.join(str(e).split())}")
     return []
+
+
+def _split_model_arguments(argv: list[str], config) -> tuple[list[str], dict]:
+    """(argv without them, {arg: value}) of the `--config.model_kwargs.<arg>=value` overrides
+    of arguments the run's model takes but the config file does not set (ml_collections
+    refuses an override of a key the config lacks); values are Python literals, else
+    strings. Other overrides stay in argv."""
+    if config is None or "model_kwargs" not in config:
+        return argv, {}
+    prefix = "--config.model_kwargs."
+    wanted = [
+        a for a in argv if a.startswith(prefix) and "=" in a and "." not in a[len(prefix) :].split("=")[0]
+    ]
+    new = {a: a[len(prefix) :].partition("=") for a in wanted}
+    new = {a: (k, v) for a, (k, _, v) in new.items() if k not in config.model_kwargs}
+    if not new:
+        return argv, {}
+    from pfljax import algorithms  # pylint: disable=import-outside-toplevel
+    from pfljax.experiment.config import model_arguments  # pylint: disable=import-outside-toplevel
+
+    def last(field, default):
+        given = [a.partition("=")[2] for a in argv if a.startswith(f"--config.{field}=")]
+        return given[-1] if given else default
+
+    try:
+        model = algorithms.model_variant(last("algorithm", config.algorithm), last("model", config.model))
+        takes = model_arguments(model)
+    except Exception:  # noqa: BLE001  an unknown model or algorithm: its own check says so
+        return argv, {}
+    taken = {a: kv for a, kv in new.items() if kv[0] in takes}
+    return [a for a in argv if a not in taken], {k: _literal(v) for k, v in taken.values()}
+
+
+def _literal(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 def config_help() -> str:

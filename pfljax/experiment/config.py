@@ -196,8 +196,7 @@ def override_error(argv: list[str], config) -> str:
             close = close_names(missing, keys)
             return (
                 f"{given}: model_kwargs of this config hold only {keys or 'nothing'}{close}; "
-                f"model {model!r} takes {args}; to pass an argument the config does not set, use a config "
-                f"file that sets config.model_kwargs"
+                f"model {model!r} takes {args}"
             )
         if depth == 1 and parent in algorithms.available():
             new = algorithms.renamed_option(parent, missing)

@@ -131,6 +131,13 @@ RUNS = {
         3,
         None,
     ),
+    # An argument of the run's model that the config file does not set (model_kwargs holds only hidden).
+    "model_argument": (
+        MAIN,
+        ["--config.model=mlp_bn", "--config.model_kwargs.momentum=0.5", "--workdir={dir}/model_arg"],
+        0,
+        None,
+    ),
     "main_help": (MAIN, ["--help"], 0, None),
     "compare_help": (COMPARE, ["--helpfull"], 0, None),
     "partition_elsewhere": ("pfljax.experiment.partition_main", ["--config=default"], 0, "{dir}"),
@@ -225,6 +232,12 @@ def test_a_diverging_run_exits_3_with_one_error_line(results):
     assert "learning_rate=10000" in errors[0] and "try --config.learning_rate=1000" in errors[0]
     summary = json.load(open(os.path.join(results[0], "diverge", "summary.json")))
     assert summary["status"] == "diverged" and f"at round {summary['diverged_round']} of 6" in errors[0]
+
+
+def test_a_model_argument_the_config_does_not_set_is_given_on_the_command_line(results):
+    _run(results, "model_argument")
+    config = json.load(open(os.path.join(results[0], "model_arg", "config.json")))
+    assert config["model"] == "mlp_bn" and config["model_kwargs"] == {"hidden": [8], "momentum": 0.5}
 
 
 def test_help_lists_the_config_fields_and_algorithm_options(results):
