@@ -599,6 +599,13 @@ def _data_error(config, e: BaseException) -> ConfigError:
             f" default.py uses the simulation because the Fashion-MNIST IDX files are not in {IDX_DIR}; "
             f"for Fashion-MNIST: {FASHION_MNIST_FIX}"
         )
+    users = re.search(r"exceeds the (\d+) users with at least", message)
+    if users and config.dataset in NATURAL_DATASETS:  # the one fix, whole: every flag it takes
+        n = int(users.group(1))
+        fix = f"--config.num_clients={n}" if n else "a lower --config.source.min_samples"
+        if n and config.clients_per_round > n:
+            fix += f" and --config.clients_per_round <= {n} (it is {config.clients_per_round})"
+        message += f"; give {fix}"
     if len(message) > 600:
         message = message[:600] + " ..."
     return ConfigError(f"config (dataset={config.dataset!r}): {message}")

@@ -88,3 +88,19 @@ def test_missing_or_bad_files_are_one_line_and_exit_2(tmp_path):
         lines = res["stderr"].strip().splitlines()
         assert res["rc"] == 2 and len(lines) == 1 and needle in lines[0], res["stderr"][-2000:]
         assert "Traceback" not in res["stderr"]
+
+
+def test_too_few_users_names_the_whole_fix_in_one_line(tmp_path):
+    """The shipped LEAF config asks for 100 users (10 a round); a directory with 3 that pass
+    min_samples names both flags at once, and with them the data build."""
+    from pfljax.experiment.config import ConfigError, make_data  # noqa: PLC0415
+
+    config = leaf_femnist.get_config()
+    config.data_dir, config.source.min_samples = write_leaf(str(tmp_path / "data"), "femnist", SIZES), 3
+    with pytest.raises(ConfigError) as e:
+        make_data(config)
+    message = str(e.value)
+    fix = "give --config.num_clients=3 and --config.clients_per_round <= 3 (it is 10)"
+    assert message.endswith(fix), message
+    config.num_clients, config.clients_per_round = 3, 3
+    assert make_data(config).data.train.count.shape == (3,)
