@@ -193,7 +193,7 @@ def build_federated_data(
       dataset: "fashion_mnist", "simulation", "sine", "tfds:<name>" or another
         registered source (see sources.load_source); or a `DataSpec` holding
         every argument (then give no other).
-      num_clients: C >= 1.
+      num_clients: C >= 1; 0 for a source of users (LEAF, TFF): every user.
       partition: one of PARTITIONS (pooled sources); per-client sources
         accept only "iid". "pfllib_dirichlet" / "pfllib_pathological" are
         PFLlib's "dir" / "pat" splits (partition.pfllib_*: RandomState(seed),
@@ -243,9 +243,13 @@ def build_federated_data(
 def _build(o: DataSpec) -> FederatedData:
     """The FederatedData of the arguments `o` (see `build_federated_data`)."""
     spec = sources.source_spec(o.dataset)
+    source = None
+    if o.num_clients == 0 and spec.users:  # every user: C is known once the source is read
+        source = _load_source(o, spec)
+        o = o._replace(num_clients=len(source.xs))
     _check_options(o, spec)
     group_ids = _group_ids(o)
-    source = _load_source(o, spec)
+    source = _load_source(o, spec) if source is None else source
     _check_class_args(o, source.num_classes)
     rngs = (np.random.default_rng(o.seed), _pfllib_stream(o))  # see _partition, _split_one
     share = _client_shares(o, spec, source, rngs, group_ids)

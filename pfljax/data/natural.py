@@ -34,7 +34,7 @@ def select_users(
 
     Args:
       sizes: [U] samples (train + test) of each user.
-      num_clients: how many users become clients.
+      num_clients: how many users become clients (0: all that pass min_samples).
       min_samples: keep only users with at least this many samples.
       users: "first" (the first num_clients kept users) or "random" (a seeded draw).
       seed: seed of the "random" draw.
@@ -45,6 +45,8 @@ def select_users(
     if users not in USER_ORDERS:
         raise ValueError(f"source.users={users!r} is unknown; allowed values: {USER_ORDERS}")
     kept = np.flatnonzero(np.asarray(sizes) >= min_samples)
+    if num_clients == 0:  # every user
+        return kept
     if len(kept) < num_clients:
         raise ValueError(
             f"num_clients={num_clients} exceeds the {len(kept)} users with at least "

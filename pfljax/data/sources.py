@@ -77,11 +77,13 @@ class SourceSpec(NamedTuple):
       per_client: True if `load` returns PerClient.
       num_classes: K when known before loading (for early validation), else
         None.
+      users: its clients are a data set's users (LEAF, TFF): num_clients 0 keeps them all.
     """
 
     load: Callable[..., Pooled | PerClient]
     per_client: bool
     num_classes: int | None
+    users: bool = False
 
 
 def _fashion_mnist(*, data_dir=None, seed=0, standardize=False, pixel_scale="unit") -> Pooled:
@@ -118,7 +120,12 @@ SOURCES: dict[str, SourceSpec] = {
 
 
 def register_source(
-    name: str, load: Callable[..., Pooled | PerClient], *, per_client: bool, num_classes: int | None = None
+    name: str,
+    load: Callable[..., Pooled | PerClient],
+    *,
+    per_client: bool,
+    num_classes: int | None = None,
+    users: bool = False,
 ) -> None:
     """Adds a source to `SOURCES` (e.g. sine.py's "sine", per_client=True).
 
@@ -127,10 +134,11 @@ def register_source(
       load: callable(*, data_dir, seed, **kwargs) -> Pooled | PerClient.
       per_client: whether `load` returns PerClient (then it gets num_clients).
       num_classes: K if known before loading.
+      users: the clients are a data set's users (`load` takes num_clients 0: all of them).
     """
     if name.startswith(TFDS_PREFIX):
         raise ValueError(f"name={name!r}: the prefix {TFDS_PREFIX!r} is reserved for TFDS data sets.")
-    SOURCES[name] = SourceSpec(load, per_client, num_classes)
+    SOURCES[name] = SourceSpec(load, per_client, num_classes, users)
 
 
 def allowed_datasets() -> list[str]:

@@ -134,4 +134,5 @@ for _task in TASKS:
         lambda _task=_task, **kw: load_tff(_task, **kw),
         per_client=True,
         num_classes=TASKS[_task].num_classes,
+        users=True,
     )

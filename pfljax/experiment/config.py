@@ -51,6 +51,7 @@ from pfljax.data.idx import PIXEL_SCALES
 from pfljax.experiment.config_fields import (  # noqa: F401  (source_options: re-exported)
     FIELDS,
     IDX_DIR,
+    NATURAL_DATASETS,
     fashion_mnist_available,
     source_options,
 )
@@ -124,10 +125,6 @@ RESUMABLE_FIELDS = (
     "block_rounds",
     "client_storage",
 )
-
-
-# The natural federated data sets (pfljax.data.leaf, pfljax.data.tff_h5): users as clients.
-NATURAL_DATASETS = ("leaf_femnist", "leaf_shakespeare", "tff_emnist", "tff_shakespeare")
 
 
 def partition_name(config) -> str:
@@ -914,6 +911,23 @@ class Prepared(NamedTuple):
     settings: RunSettings | None = None  # what the run loop and reports read (`run_settings`)
 
 
+def with_clients(config, fed_data: FederatedData):
+    """`config` with num_clients 0 (every user of a natural data set) set to the users
+    read; ConfigError for clients_per_round above them."""
+    if config.num_clients:
+        return config
+    count = int(fed_data.data.train.count.shape[0])
+    if config.clients_per_round > count:
+        raise ConfigError(
+            f"config.clients_per_round={config.clients_per_round} is above the {count} users of "
+            f"{config.dataset!r} (config.num_clients=0: every user); "
+            f"give --config.clients_per_round <= {count}"
+        )
+    with config.unlocked():
+        config.num_clients = count
+    return config
+
+
 def prepare(config, fed_data: FederatedData | None = None, one_device: bool = False) -> Prepared:
     """Validates `config` and builds data, model, algorithm and mesh (ConfigError if invalid).
 
@@ -939,6 +953,7 @@ def prepare(config, fed_data: FederatedData | None = None, one_device: bool = Fa
         host = config.client_storage == "host"
         with jax.default_device(jax.local_devices(backend="cpu")[0]) if host else contextlib.nullcontext():
             fed_data = make_data(config)
+    config = with_clients(config, fed_data)
     model = make_model(config, fed_data)
     initial = load_initial_params(config, model)
     mesh = client_mesh(1 if one_device or config.client_storage == "host" else config.num_devices)

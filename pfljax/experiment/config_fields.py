@@ -85,10 +85,21 @@ def _dp() -> ml_collections.ConfigDict:
     )
 
 
+# The natural federated data sets (pfljax.data.leaf, pfljax.data.tff_h5): users as clients.
+NATURAL_DATASETS = ("leaf_femnist", "leaf_shakespeare", "tff_emnist", "tff_shakespeare")
+
+
+def _num_clients(config) -> Domain:
+    if config.dataset in NATURAL_DATASETS:
+        return Domain(0, integer=True, note="0: every user of the data set")
+    return Domain(1, integer=True)
+
+
 def _clients_per_round(config) -> Domain:
-    return Domain(
-        0, config.num_clients, integer=True, note=f"num_clients={config.num_clients}; 0: all clients"
-    )
+    if not config.num_clients:  # every user: checked against their number once the data are read
+        return Domain(0, integer=True, note="0: all clients")
+    note = f"num_clients={config.num_clients}; 0: all clients"
+    return Domain(0, config.num_clients, integer=True, note=note)
 
 
 def _num_devices(config) -> Domain:
@@ -147,7 +158,7 @@ FIELDS = {
     ),
     "source": Field(source_options, "source options, unset by default (config.source.<option>)"),
     # Federation.
-    "num_clients": Field(10, ">= 1", Domain(1, integer=True)),
+    "num_clients": Field(10, ">= 1; natural data sets (leaf_*, tff_*): 0 is every user", _num_clients),
     "clients_per_round": Field(0, "0: all clients, else in [1, num_clients]", _clients_per_round),
     "rounds": Field(20, ">= 1", Domain(1, integer=True)),
     # Local training (pfljax.core.LocalTraining).

@@ -91,12 +91,13 @@ def test_missing_or_bad_files_are_one_line_and_exit_2(tmp_path):
 
 
 def test_too_few_users_names_the_whole_fix_in_one_line(tmp_path):
-    """The shipped LEAF config asks for 100 users (10 a round); a directory with 3 that pass
-    min_samples names both flags at once, and with them the data build."""
+    """100 users asked (10 a round) of a directory with 3 that pass min_samples: one line
+    names both flags at once, and with them the data build."""
     from pfljax.experiment.config import ConfigError, make_data  # noqa: PLC0415
 
     config = leaf_femnist.get_config()
     config.data_dir, config.source.min_samples = write_leaf(str(tmp_path / "data"), "femnist", SIZES), 3
+    config.num_clients = 100
     with pytest.raises(ConfigError) as e:
         make_data(config)
     message = str(e.value)
@@ -104,3 +105,20 @@ def test_too_few_users_names_the_whole_fix_in_one_line(tmp_path):
     assert message.endswith(fix), message
     config.num_clients, config.clients_per_round = 3, 3
     assert make_data(config).data.train.count.shape == (3,)
+
+
+def test_the_shipped_natural_configs_take_every_user(tmp_path):
+    """num_clients 0 (the shipped LEAF / TFF configs): every user that passes min_samples
+    becomes a client; the resolved config, its settings and data.json say how many."""
+    from pfljax.experiment.config import ConfigError, prepare  # noqa: PLC0415
+
+    for module in (leaf_femnist, leaf_shakespeare, tff_emnist, tff_shakespeare):
+        assert module.get_config().num_clients == 0, module.__name__
+    config = leaf_femnist.get_config()
+    config.data_dir, config.source.min_samples = write_leaf(str(tmp_path / "data"), "femnist", SIZES), 3
+    with pytest.raises(ConfigError, match=r"clients_per_round=10 is above the 3 users .*<= 3$"):
+        prepare(config)
+    config.clients_per_round = 2
+    prep = prepare(config)
+    assert prep.config.num_clients == 3 and prep.settings.num_clients == 3 and config.num_clients == 0
+    assert prep.fed_data.summary["num_clients"] == 3

@@ -21,14 +21,15 @@ from pfljax.experiment.configs import default
 
 
 def leaf_users(dataset: str, rounds: int, learning_rate: float) -> ml_collections.ConfigDict:
-    """LEAF's FedAvg setting on `dataset`: its users as clients with their own split (no
-    cap), 10 of 100 a round, 1 epoch of batch 10, plain SGD at `learning_rate`."""
+    """LEAF's FedAvg setting on `dataset`: every user as a client with its own split (no
+    cap; `--config.num_clients=N` keeps the first N), 10 a round, 1 epoch of batch 10,
+    plain SGD at `learning_rate`."""
     config = default.get_config()
     config.dataset = dataset
     config.data_dir = ""  # LEAF's data/<task>/data
     config.partition = "iid"  # keep the users as clients
     config.samples_per_client = 0  # LEAF's own per-user split, no cap
-    config.num_clients = 100
+    config.num_clients = 0  # every user in data_dir (with at least source.min_samples samples)
     config.clients_per_round = 10
     config.rounds = rounds
     config.local_epochs = 1
