@@ -664,6 +664,11 @@ def _without_tf_log_lines():
             sys.stderr.flush()
 
 
+# Splits whose client sizes are not what they define (iid: equal shares; classes, shards:
+# which classes a client holds, kept by the class-stratified cap): a cap is no warning there.
+SIZE_FREE_SPLITS = ("iid", "classes", "shards")
+
+
 def data_warnings(config, fed_data: FederatedData) -> list[str]:
     """Lines about data that differ from what the config seems to ask for (a cap
     no client reaches, a cap that cuts clients of a non-IID split, classes
@@ -678,7 +683,7 @@ def data_warnings(config, fed_data: FederatedData) -> list[str]:
             f"(mean {sum(sizes) / len(sizes):.0f}) samples per client"
         )
     at_cap = sum(size == cap for size in sizes) if cap else 0
-    if at_cap and config.partition != "iid":
+    if at_cap and config.partition not in SIZE_FREE_SPLITS:
         lines.append(
             f"config.samples_per_client={cap} cuts {at_cap} of {len(sizes)} clients of the "
             f"{config.partition!r} split to {cap} samples each, so client sizes are no longer the split's; "

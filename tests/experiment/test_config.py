@@ -137,8 +137,9 @@ def test_a_cap_that_evens_out_a_non_iid_split_is_reported():
         "config.samples_per_client=100 cuts 3 of 4 clients of the 'dirichlet' split to 100 samples "
         "each, so client sizes are no longer the split's; --config.samples_per_client=0 lifts the cap"
     ]
-    config.partition = "iid"  # equal sizes are what iid asks for
-    assert C.data_warnings(config, fed) == []
+    for split in ("iid", "classes", "shards"):  # sizes are not what these splits define
+        config.partition = split
+        assert C.data_warnings(config, fed) == []
     config.partition, config.samples_per_client = "dirichlet", 0
     assert C.data_warnings(config, fed) == []
     if not C.fashion_mnist_available():
@@ -148,6 +149,8 @@ def test_a_cap_that_evens_out_a_non_iid_split_is_reported():
     config.samples_per_client, config.dirichlet_alpha = 1000, 0.3
     (line,) = C.data_warnings(config, C.make_data(config))
     assert line.startswith("config.samples_per_client=1000 cuts 10 of 10 clients of the 'dirichlet' split")
+    default = C.resolve(C.base_config())[0]  # its own cap on its classes split: nothing to warn of
+    assert C.data_warnings(default, C.make_data(default)) == []
 
 
 def test_an_unknown_tfds_name_is_one_short_line_with_close_names(monkeypatch):
