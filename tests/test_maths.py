@@ -29,7 +29,7 @@ def test_running_losses_and_posterior_closed_form():
     # seen & observed: 0.75 old + 0.25 new; unseen & observed: the observation; unobserved: unchanged.
     chex.assert_trees_all_close(losses, jnp.array([[1.5, 2.0, 7.0], [0.75, 2.5, 4.0]]))
     chex.assert_trees_all_equal(now, jnp.array([[True, True, True], [True, True, True]]))
-    summed, _ = maths.running_losses(old, seen, observed, mask, beta=0.25, accumulate="sum")
+    summed, _ = maths.running_losses(old, seen, observed, mask, beta=0.25, accumulate="cumulative")
     chex.assert_trees_all_close(summed[0], jnp.array([4.0, 2.0, 7.0]))
     weights = maths.posterior(losses, mask=now)
     expected = np.exp(-np.asarray(losses)) / np.exp(-np.asarray(losses)).sum(1, keepdims=True)
@@ -61,3 +61,20 @@ def test_dense_kernel_is_the_factorized_layer():
     np.testing.assert_allclose(layer.apply({"params": p}, x), want, rtol=1e-5, atol=1e-6)
     kernel = np.asarray(p["u"]) @ np.asarray(p["v"]).T + np.asarray(p["mu"])
     np.testing.assert_allclose(maths.dense_kernel(p["u"], p["v"], p["mu"]), kernel, rtol=1e-6)
+
+
+def test_wrong_shapes_and_options_are_one_message_naming_the_argument():
+    import pytest  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match=r"dense_kernel: u \[in, r\], v \[out, r\] and mu \[in, out\]"):
+        maths.dense_kernel(jnp.ones((5, 1)), jnp.ones((4, 2)), jnp.zeros((5, 4)))
+    with pytest.raises(ValueError, match=r"aggregation_weights: raw \[L, C\].*got raw \(5,\)"):
+        maths.aggregation_weights(jnp.ones(5), jnp.int32(0))
+    with pytest.raises(ValueError, match=r"top_k=3"):
+        maths.aggregation_weights(jnp.ones((2, 5)), jnp.int32(0), top_k=3)
+    with pytest.raises(ValueError, match=r"normalization must be one of"):
+        maths.aggregation_weights(jnp.ones((2, 5)), jnp.int32(0), "sigmoid")
+    with pytest.raises(ValueError, match=r"accumulate must be one of \('ema', 'cumulative'\)"):
+        maths.running_losses(jnp.zeros(3), jnp.zeros(3, bool), jnp.ones(3), jnp.ones(3, bool), 0.5, "sum")
+    with pytest.raises(ValueError):
+        maths.running_losses(jnp.zeros((2, 3)), jnp.zeros((2, 3), bool), jnp.ones(4), jnp.ones(3, bool), 0.5)

@@ -372,10 +372,13 @@ def running_losses(
     """FedeRiCo's estimate of each model's loss on a client's data, after one observation.
 
     Where `mask` holds, a model seen before moves to (1 - beta) old + beta observed
-    ("ema", the paper's) or old + observed ("sum"); one not seen before takes the
+    ("ema", the paper's) or old + observed ("cumulative"); one not seen before takes the
     observation. Arrays broadcast together (e.g. [clients, models]). Returns
     (losses, seen); the client's posterior over the models is then
     `pfljax.core.mixture.posterior(losses, mask=seen)`."""
+    if accumulate not in ACCUMULATE:
+        raise ValueError(f"running_losses: accumulate must be one of {ACCUMULATE}, got {accumulate!r}")
+    jnp.broadcast_shapes(*(jnp.shape(a) for a in (losses, seen, observed, mask)))  # ValueError if not
     new = (1.0 - beta) * losses + beta * observed if accumulate == "ema" else losses + observed
     new = jnp.where(seen, new, observed)
     return jnp.where(mask, new, losses), seen | mask

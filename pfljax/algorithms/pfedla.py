@@ -375,6 +375,15 @@ def aggregation_weights(
     """pFedLA's layer-wise aggregation weights of `client` from its hypernetwork's raw
     outputs [L, C] (one row per layer group): `normalize_weights`, then HeurpFedLA's
     `retain_top_k` (top_k 0: pFedLA). Returns (alpha [L, C], retained [L])."""
+    if jnp.ndim(raw) != 2 or not 0 <= top_k <= jnp.shape(raw)[0]:
+        raise ValueError(
+            f"aggregation_weights: raw [L, C] (layer groups x clients) and top_k in [0, L] expected, "
+            f"got raw {jnp.shape(raw)}, top_k={top_k}"
+        )
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(
+            f"aggregation_weights: normalization must be one of {NORMALIZATIONS}, got {normalization!r}"
+        )
     return retain_top_k(normalize_weights(raw, client, normalization), client, top_k)
 
 

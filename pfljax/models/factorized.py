@@ -71,6 +71,11 @@ class FactorizedDense(nn.Module):
 
 def dense_kernel(u: jax.Array, v: jax.Array, mu: jax.Array) -> jax.Array:
     """u [in, r] @ v [out, r]^T + mu [in, out]: a factorized Dense layer's kernel."""
+    if u.ndim != 2 or v.ndim != 2 or u.shape[1] != v.shape[1] or mu.shape != (u.shape[0], v.shape[0]):
+        raise ValueError(
+            f"dense_kernel: u [in, r], v [out, r] and mu [in, out] expected, got u {u.shape}, "
+            f"v {v.shape}, mu {mu.shape}"
+        )
     return u @ v.T + mu
 
 
