@@ -93,3 +93,41 @@ def test_fedproto_log_personal_accuracy_and_its_dashed_round_seconds(tmp_path):
     assert algorithm == "fedproto"
     assert out["personal"] == [0.0, 0.6421] and out["global"] == []
     assert out["seconds"] == [141.5, 150.25] and out["train_loss"] == [2.3021, 1.2034]
+
+
+def test_fedgen_global_and_fd_personal_curves_only_the_methods_asked(tmp_path):
+    logs, work = tmp_path / "logs", tmp_path / "pfljax"
+    logs.mkdir()
+    # FedGen prints its global model's accuracy; FD its personalized models', with a dashed Budget line.
+    fedgen = "".join(ROUND.format(r=r, loss=1.0, acc=a) for r, a in enumerate([0.1, 0.5]))
+    fd = "".join(
+        f"-------------Round number: {r}-------------\n\nEvaluate personalized models\n"
+        f"Averaged Train Loss: 1.0\nAveraged Test Accuracy: {a}\n" + "-" * 50 + " 20.5\n"
+        for r, a in enumerate([0.1, 0.8])
+    )
+    for s in (0, 1):
+        (logs / f"pfllib_FedGen_seed{s}.log").write_text(fedgen + "Average time cost: 1s.\n")
+        (logs / f"pfllib_FD_seed{s}.log").write_text(fd + "Average time cost: 1s.\n")
+        (logs / f"pfllib_FedAvg_seed{s}.log").write_text(fedgen + "Average time cost: 1s.\n")
+        for algorithm, accs in (("fedgen", [0.5]), ("feddistill", [0.8, 0.9]), ("fedavg", [0.5])):
+            d = work / algorithm / f"seed_{s}"
+            d.mkdir(parents=True)
+            rows = [
+                {"round": r + 1, "mean_accuracy": a, "mean_loss": 1.0, "seconds": 2.0}
+                for r, a in enumerate(accs)
+            ]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.pfllib.pfllib_differential", f"--pfllib_logs={logs}",
+         f"--pfljax=mine={work}", "--seeds=0,1", "--methods=FD,FedGen"],  # fmt: skip
+        capture_output=True, text=True, cwd=ROOT, env=binary_env(), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "| FedGen | PFLlib | 2 | 1 | 50.00 +- 0.00 | 50.00 +- 0.00 |  |" in out, out
+    assert "| FD | PFLlib | 2 | 1 | 80.00 +- 0.00 | 80.00 +- 0.00 |  |" in out, out
+    # pfljax's FD ran a round more (0.9 after round 2): its best is taken over round 1, PFLlib's rounds.
+    assert "| FD | pfljax (mine) | 2 | 1 | 80.00 +- 0.00 | 80.00 +- 0.00 | +nan |" in out, out
+    assert "| FD | seed 0: 20, seed 1: 20 | 2 (2 seeds) |" in out, out
+    assert "FedAvg" not in out, out  # not asked for, though its logs and workdir are there
+    assert out.index("| FedGen | PFLlib") < out.index("| FD | PFLlib"), out  # METHODS' order

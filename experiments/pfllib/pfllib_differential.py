@@ -1,4 +1,5 @@
-"""PFLlib's own FedAvg, FedPer, Ditto, FedDBE, FedCP, GPFL and FedProto against pfljax's PFLlib mode.
+"""PFLlib's own FedAvg, FedPer, Ditto, FedDBE, FedCP, GPFL, FedProto, FedGen, FedAMP, APPLE and FD against
+pfljax's PFLlib mode.
 
 Reads what the two sides wrote and prints the Markdown tables of
 experiments/results/pfllib_differential.md; draws the per-round curves (PNG).
@@ -6,17 +7,21 @@ experiments/results/pfllib_differential.md; draws the per-round curves (PNG).
     python -m experiments.pfllib.pfllib_differential --pfllib_logs=/work/pfllib_run/logs \\
         --pfljax=flax=/work/pfllib_run/pfljax_seeds012 --pfljax=torch=/work/pfllib_run/pfljax_torchinit \\
         --png=experiments/results/pfllib_differential.png
+    # only some methods (tables and panels): --methods=FedGen,FedAMP,APPLE,FD
 
 PFLlib side: the stdout of `system/main.py` per run, `<pfllib_logs>/pfllib_<Algo>_seed<s>.log`.
 Its server prints, per evaluation, "Evaluate global model(s)" or another "Evaluate ..."
 line of the personalized models ("Evaluate personalized models"; FedDBE's "Evaluate model",
 FedCP's "Evaluate before local training", GPFL's "Evaluate performance") then "Averaged Test
-Accuracy: a", and per round "time cost ... t" (FedCP and FedProto: a rule of dashes, then t;
-their Budget, evaluation included). FedProto's personalized accuracy is each client's
-nearest global prototype to its features (none yet at evaluation 0: 0), as pfljax's fedproto
-`accuracy`. Ditto prints both (its rs_test_acc, and so its reported best,
-interleaves global and personal accuracies); the personal ones are what pfljax's Ditto
-evaluates, so they are the curve compared here. PFLlib evaluates at the start of rounds
+Accuracy: a", and per round "time cost ... t" (FedCP, FedProto, APPLE and FD: a rule of dashes,
+then t; their Budget, evaluation included). FedGen's server prints "Evaluate global model" (the
+aggregated model on every client's test rows, as pfljax's fedgen evaluates); FedAMP's, APPLE's
+and FD's "Evaluate personalized models" (each client's own model: FedAMP's w_i, APPLE's mix of
+the core models, FD's model), as pfljax's fedamp, apple and feddistill evaluate. FedProto's
+personalized accuracy is each client's nearest global prototype to its features (none yet at
+evaluation 0: 0), as pfljax's fedproto `accuracy`. Ditto prints both (its rs_test_acc, and so
+its reported best, interleaves global and personal accuracies); the personal ones are what
+pfljax's Ditto evaluates, so they are the curve compared here. PFLlib evaluates at the start of rounds
 0..R (evaluation r: after r updates), pfljax after each update (round r: after r
 updates): PFLlib's evaluation r is compared with pfljax's round r, r >= 1; PFLlib's
 evaluation 0 (the untrained model) has no pfljax counterpart.
@@ -26,7 +31,8 @@ pfljax side: `<workdir>/<algorithm>/seed_<s>/metrics.jsonl` (rows "round",
 excluded) of `experiments.compare` workdirs.
 
 Spread: std over seeds with ddof 0 (PFLlib's np.std); a difference in seed-spread units is
-(pfljax mean - PFLlib mean) / sqrt((sd_pfljax^2 + sd_pfllib^2) / 2).
+(pfljax mean - PFLlib mean) / sqrt((sd_pfljax^2 + sd_pfllib^2) / 2). A pfljax curve longer than
+PFLlib's has its best taken over PFLlib's rounds (the per-round tables and the figure show it all).
 """
 
 from __future__ import annotations
@@ -48,16 +54,30 @@ METHODS = {
     "FedCP": "fedcp",
     "GPFL": "gpfl",
     "FedProto": "fedproto",
+    "FedGen": "fedgen",
+    "FedAMP": "fedamp",
+    "APPLE": "apple",
+    "FD": "feddistill",
 }
-CURVE = {m: "global" if m == "FedAvg" else "personal" for m in METHODS}
-# The seconds of a round: "time cost ... t" (most servers), a rule of dashes then t (FedCP's, FedProto's).
+CURVE = {m: "global" if m in ("FedAvg", "FedGen") else "personal" for m in METHODS}
+# The seconds of a round: "time cost ... t" (most servers), a rule of dashes then t
+# (FedCP, FedProto, APPLE, FD).
 ROUND_SECONDS = re.compile(r"time cost -+ ([0-9.]+)|^-{25,} ([0-9.]+)$")
 
 _LOGS = flags.DEFINE_string("pfllib_logs", "/work/pfllib_run/logs", "directory of pfllib_<Algo>_seed<s>.log")
 _PFLJAX = flags.DEFINE_multi_string("pfljax", [], "LABEL=compare workdir (repeatable)")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds of both sides")
 _PNG = flags.DEFINE_string("png", "", "write the curves here")
+_METHODS = flags.DEFINE_list("methods", list(METHODS), "PFLlib names of the methods to tabulate and draw")
 _PARTIAL = flags.DEFINE_bool("partial", False, "also read unfinished PFLlib runs (cut to the shortest)")
+
+
+def selected() -> list[str]:
+    """The methods of --methods, in METHODS' order."""
+    unknown = sorted(set(_METHODS.value) - set(METHODS))
+    if unknown:
+        raise ValueError(f"--methods: unknown {unknown}; known: {list(METHODS)}")
+    return [m for m in METHODS if m in _METHODS.value]
 
 
 def parse_pfllib_log(path: str) -> dict:
@@ -180,12 +200,14 @@ def best_table() -> list[str]:
         "| best - PFLlib's (seed-spread units) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for method in METHODS:
+    for method in selected():
         data = sides(method)
         ref = data.get("PFLlib")
         ref_best = ref[:, 1:].max(axis=1) if ref is not None else None
         for label, m in data.items():
             after = m[:, 1:] if label == "PFLlib" else m
+            if ref is not None and label != "PFLlib":  # the rounds both sides ran
+                after = after[:, : ref.shape[1] - 1]
             best = after.max(axis=1)
             units = "" if label == "PFLlib" or ref is None else f"{spread_units(ref_best, best):+.2f}"
             lines.append(
@@ -197,7 +219,7 @@ def best_table() -> list[str]:
 
 def curve_table() -> list[str]:
     lines = ["| method | side | per seed: acc (%) after round 0, 1, ... |", "| --- | --- | --- |"]
-    for method in METHODS:
+    for method in selected():
         for label, m in sides(method).items():
             rows = ["[" + ", ".join(f"{100 * a:.2f}" for a in seed) + "]" for seed in m]
             start = "0" if label == "PFLlib" else "1"
@@ -206,6 +228,8 @@ def curve_table() -> list[str]:
 
 
 def ditto_global_table() -> list[str]:
+    if "Ditto" not in selected():
+        return []
     runs = pfllib_runs(_LOGS.value, "Ditto", _SEEDS.value)
     if not runs:
         return []
@@ -228,7 +252,7 @@ def seconds_table() -> list[str]:
         + " |",
         "| --- | --- |" + " --- |" * len(_PFLJAX.value),
     ]
-    for method in METHODS:
+    for method in selected():
         runs = pfllib_runs(_LOGS.value, method, _SEEDS.value)
         per = [f"seed {r['seed']}: {np.mean(r['seconds'][1:]):.0f}" for r in runs if len(r["seconds"]) > 1]
         cells = []
@@ -246,7 +270,7 @@ def plot(path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-    methods = [m for m in METHODS if sides(m)]
+    methods = [m for m in selected() if sides(m)]
     fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods) + 2, 3.8), squeeze=False)
     for ax, method in zip(axes[0], methods):
         data, rounds = sides(method), 1
@@ -277,8 +301,9 @@ def main(argv):
         ("curves", curve_table()),
         ("ditto", ditto_global_table()),
         ("seconds", seconds_table()),
-        *((f"rounds {m}", round_table(m)) for m in METHODS),
-        *((f"loss {m}", round_table(m, loss=True)) for m in ("FedAvg", "FedPer")),  # Ditto prints two
+        *((f"rounds {m}", round_table(m)) for m in selected()),
+        # PFLlib prints one train loss per evaluation for these (Ditto: two)
+        *((f"loss {m}", round_table(m, loss=True)) for m in ("FedAvg", "FedPer") if m in selected()),
     ):
         print(f"\n<!-- {title} -->")
         print("\n".join(lines))
