@@ -15,6 +15,7 @@ totals and its config as config.json has it).
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import jax
@@ -44,7 +45,7 @@ def gathered(state):
     return jax.device_get(state)
 
 
-class Runner:
+class Runner(abc.ABC):
     """What `loop.run_loop` runs: one run (`count` 1) or `count` replicas of one algorithm.
 
     Attributes:
@@ -70,9 +71,9 @@ class Runner:
         """The blocks' state as a checkpoint holds it (host arrays)."""
         return jax.device_get(state)
 
+    @abc.abstractmethod
     def block_for(self, length: int):
         """The jitted `block(state, *args, schedule)` of blocks of `length` rounds."""
-        raise NotImplementedError
 
     def place(self, schedule: np.ndarray):
         """The [4] schedule as the block takes it."""
@@ -83,13 +84,13 @@ class Runner:
         del r
         return tree
 
+    @abc.abstractmethod
     def evaluate_at(self, state, r: int) -> dict:
         """Per-client metrics (host) after round r: for a run resumed at its last round."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def final(self, state, r: int) -> list[tuple[Any, Any, Any]]:
         """[(host state, algorithm, evaluation key)] per run, for the reports."""
-        raise NotImplementedError
 
     def memory(self, state, compiled) -> dict | None:
         """The memory report of the compiled block (None: checked before, `sweep`)."""
@@ -100,9 +101,9 @@ class Runner:
         """Entries every run's summary adds."""
         return {}
 
+    @abc.abstractmethod
     def describe(self, start: int, rounds: int, length: int, compile_seconds: float) -> str:
         """The log line before the first block."""
-        raise NotImplementedError
 
     def pack(self, hosts: list) -> dict:
         """A checkpoint's host entry for the runs' host totals."""
