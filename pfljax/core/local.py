@@ -22,7 +22,8 @@ and `batch_schedule` all S steps' rows at once, for local loops that are not
 `run_steps` runs the steps, as `LocalTraining.loop` says: "scan" (the static
 maximum, inactive steps masked) or "while" (only the client's own `own_steps`,
 so a round's compute follows the clients' real sizes under `lax.map`; under
-`vmap` a batch runs its largest client's count). Same numbers either way (tested).
+`vmap` a batch runs its largest client's count). Same numbers either way, and the
+"while" loop's derivatives (`jax.grad`, `jax.jvp`) are the scan's (tested).
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ class LocalTraining(NamedTuple):
       loss: "cross_entropy" (classification) or "mse" (regression), or a Loss.
       loop: "while" (each client runs only its own steps), "scan" (the static
         maximum, masked) or "auto" (while on CPU, scan on GPU/TPU where a
-        while loop's trip test costs a device round trip). Same numbers.
-        `jax.grad` through a round (e.g. with respect to a hyperparameter) needs
-        "scan": reverse-mode differentiation does not go through a while loop.
+        while loop's trip test costs a device round trip). Same numbers, and the same
+        derivatives: `jax.grad` through a round (e.g. with respect to a learning rate)
+        differentiates the "while" loop as the masked scan.
       drop_last: epochs of floor(count / B) full batches, the last partial batch
         dropped (torch's drop_last=True, PFLlib's train loader); default False:
         ceil(count / B) batches, the last one partial.
@@ -258,15 +259,44 @@ def run_steps(spec: LocalTraining, count: jax.Array, n_max: int, body: Callable,
         return (inner, loss_sum + loss * active, n_active + active.astype(jnp.int32)), None
 
     init = (carry, jnp.float32(0.0), jnp.int32(0))
+    num_steps = num_scan_steps(spec, n_max)
     if spec.resolved_loop() == "scan":
-        out = jax.lax.scan(step, init, jnp.arange(num_scan_steps(spec, n_max)))[0]
+        out = jax.lax.scan(step, init, jnp.arange(num_steps))[0]
     else:
-        last = own_steps(spec, count)
-        out = jax.lax.while_loop(
-            lambda c: c[0] < last, lambda c: (c[0] + 1, step(c[1], c[0])[0]), (jnp.int32(0), init)
-        )[1]
+        out = _while_with_scan_derivatives(step, init, own_steps(spec, count), num_steps)
     carry, loss_sum, n_active = out
     return carry, loss_sum / jnp.maximum(n_active, 1)
+
+
+def _while_with_scan_derivatives(step: Callable, init: Any, last: jax.Array, num_steps: int):
+    """`step` over s = 0 .. last - 1 in a while loop; its derivatives (forward and reverse
+    mode, e.g. `jax.grad` through a round) are those of the scan over all `num_steps`, which
+    gives the same values because steps past `last` are inactive (they leave the carry
+    unchanged). Every value `step` closes over becomes an explicit argument, so that
+    derivatives with respect to them (a learning rate, the data) flow too and the scan's
+    rule, traced when a transformation differentiates the loop, closes over no tracer."""
+    step_jaxpr, out_shape = jax.make_jaxpr(step, return_shape=True)(init, jnp.int32(0))
+    constants = step_jaxpr.consts
+
+    def explicit_step(carry, s, *constants):
+        out = jax.core.eval_jaxpr(step_jaxpr.jaxpr, constants, *jax.tree.leaves((carry, s)))
+        return jax.tree.unflatten(jax.tree.structure(out_shape), out)
+
+    @jax.custom_jvp
+    def loop(init, last, *constants):
+        def body(c):
+            return c[0] + 1, explicit_step(c[1], c[0], *constants)[0]
+
+        return jax.lax.while_loop(lambda c: c[0] < last, body, (jnp.int32(0), init))[1]
+
+    @loop.defjvp
+    def scan_derivatives(primals, tangents):
+        def scanned(init, last, *constants):
+            return jax.lax.scan(lambda c, s: explicit_step(c, s, *constants), init, jnp.arange(num_steps))[0]
+
+        return jax.jvp(scanned, primals, tangents)
+
+    return loop(init, last, *constants)
 
 
 def num_scan_steps(spec: LocalTraining, n_max: int) -> int:

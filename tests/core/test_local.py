@@ -277,3 +277,37 @@ def test_epoch_orders_drawn_before_the_steps_give_the_same_training(monkeypatch)
             chex.assert_trees_all_close(got, run(loop, mappers[m]), rtol=1e-6, atol=1e-7)
         else:
             chex.assert_trees_all_equal(got, run(loop, mappers[m]))
+
+
+def test_grad_through_a_round_with_the_default_loop_equals_the_scans_and_finite_differences():
+    """`jax.grad` of a FedAvg round's result with respect to the client learning rate and to
+    the starting weights: the "while" loop (the CPU default) differentiates as the masked scan
+    does, and the learning-rate derivative matches a central finite difference (on a linear
+    softmax model: with ReLU units the trained weights jump where a unit's derivative does)."""
+    import pfljax
+
+    fd = pfljax.build_federated_data("simulation", 4, source_kwargs={"samples_per_client": 23})
+    model = build_model("mlp", fd.input_shape, fd.num_classes, hidden=())
+
+    def final_loss(lr, params, loop):
+        local = LocalTraining(optax.sgd(lr), batch_size=5, epochs=2, loop=loop)
+        alg = pfljax.fedavg.build(model, local, clients_per_round=4)
+        state = alg.init(jax.random.key(0), None, 4)
+        state = state._replace(global_params=params)
+        state, _ = alg.round(state, fd.data, jax.random.key(1))
+        return jnp.mean(alg.evaluate(state, fd.data, jax.random.key(2))["loss"])
+
+    params = (
+        pfljax.fedavg.build(model, LocalTraining(optax.sgd(0.1)), clients_per_round=4)
+        .init(jax.random.key(0), None, 4)
+        .global_params
+    )
+    grads = {
+        loop: jax.jit(jax.grad(final_loss, argnums=(0, 1)), static_argnums=2)(0.1, params, loop)
+        for loop in ("while", "scan")
+    }
+    chex.assert_trees_all_close(grads["while"], grads["scan"], rtol=1e-5, atol=1e-6)
+    h = 1e-3
+    fdiff = (final_loss(0.1 + h, params, "while") - final_loss(0.1 - h, params, "while")) / (2 * h)
+    np.testing.assert_allclose(grads["while"][0], fdiff, rtol=2e-2)
+    assert float(jnp.abs(grads["while"][0])) > 1e-3
