@@ -13,9 +13,11 @@ barrier until the heartbeat timeout (100 s) ends them with the same fatal error.
   peer connection, ends this process with one line and EXIT_LOST_PEER (5), without the
   shutdown barrier (os._exit); what was written (the last checkpoint) is kept.
 
-Not covered: process 0 hosts jax's coordination service, and when it dies jax's C++ client
-usually ends the others at once (exit 134) before this line is printed; jax 0.10 has no hook
-for it (the client's missed_heartbeat_callback cannot pass its error to Python: std::bad_cast).
+- process 0 runs jax's coordination service in a child process of its own
+  (`coordination_service.py`, `service_apart`) instead of inside itself, so that when
+  process 0 dies the service (and its key-value store) stays for the others: they find
+  process 0's heartbeat missing and end with the same line, where jax's clients would
+  abort in C++ (exit 134) on losing the service.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -65,15 +68,57 @@ def initialize(kwargs: dict, timeout: int, lost_after: float) -> None:
 
     threading.Thread(target=not_joined, daemon=True, name="pfljax-join").start()
     try:
-        jax.distributed.initialize(
-            **kwargs,
-            initialization_timeout=timeout + JAX_MARGIN_S,
-            heartbeat_timeout_seconds=int(lost_after) + JAX_MARGIN_S,
-        )
+        with service_apart(linger=lost_after + JAX_MARGIN_S):
+            jax.distributed.initialize(
+                **kwargs,
+                initialization_timeout=timeout + JAX_MARGIN_S,
+                heartbeat_timeout_seconds=int(lost_after) + JAX_MARGIN_S,
+            )
     finally:
         joined.set()
     state = distributed.global_state
     watch(state.client, state.process_id, state.num_processes, lost_after)
+
+
+class ServiceProcess:
+    """jax's coordination service in a child process (`coordination_service.py`) that outlives
+    this one by `linger` seconds; `shutdown` (jax's, at exit) ends it."""
+
+    def __init__(self, address: str, num_processes: int, heartbeat_s: int, shutdown_s: int, linger: float):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "coordination_service.py")
+        arguments = (address, num_processes, heartbeat_s, shutdown_s, os.getpid(), linger)
+        self.process = subprocess.Popen(
+            [sys.executable, script, *map(str, arguments)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to the terminal's process group reaches process 0 only
+        )
+
+    def shutdown(self) -> None:
+        """Asks the service to stop (it waits for the other processes' disconnects) and waits."""
+        self.process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def service_apart(linger: float):
+    """Within: jax.distributed.initialize starts its coordination service (process 0's) as a
+    `ServiceProcess` instead of inside this process (jax has no option for it: the factory
+    it calls is swapped for the duration)."""
+    from jax._src import distributed  # pylint: disable=import-outside-toplevel
+
+    factory = distributed._jax.get_distributed_runtime_service  # noqa: SLF001
+
+    def start(address, num_nodes, heartbeat_timeout=100, shutdown_timeout=300, **_):
+        return ServiceProcess(address, num_nodes, heartbeat_timeout, shutdown_timeout, linger)
+
+    distributed._jax.get_distributed_runtime_service = start  # noqa: SLF001
+    try:
+        yield
+    finally:
+        distributed._jax.get_distributed_runtime_service = factory  # noqa: SLF001
 
 
 def not_joined_message(process_id: int, num_processes: int, address: str | None, timeout: int) -> str:

@@ -2,7 +2,8 @@
 gloo collectives), one device each, form one 2-device mesh and give the numbers of one
 process with 2 devices; only process 0 writes; a 2-process run resumes from its
 checkpoint; a process that cannot reach the coordinator, a process 0 whose peer never
-joins and a process 0 whose peer is killed during the run each fail in one line.
+joins, a process 0 whose peer is killed or hung during the run and a process 1 whose
+process 0 (the one that started jax's coordination service) is killed each fail in one line.
 
 Every process is bounded by a timeout; on any failure all are killed and their stderr
 is shown.
@@ -209,13 +210,15 @@ def test_peer_never_joins(tmp_path):
     assert time.perf_counter() - t0 < 5 + 45  # the timeout, plus start-up on a busy machine
 
 
-@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
-def test_peer_lost_during_the_run(tmp_path, signal_name):
-    """2 processes; process 1 killed (SIGKILL) or hung (SIGSTOP) once a checkpoint is written:
-    process 0 ends within a bounded time with EXIT_LOST_PEER and one line naming process 1,
-    keeping the checkpoints written so far (jax alone prints a traceback, or waits in orbax's
-    barrier, then ends in XLA's fatal error at its heartbeat timeout, ~100 s, exit 134). A hung
-    process is found by its missing heartbeat (--peer_timeout, here PEER_TIMEOUT s)."""
+@pytest.mark.parametrize("lost, signal_name", [(1, "SIGKILL"), (1, "SIGSTOP"), (0, "SIGKILL")])
+def test_peer_lost_during_the_run(tmp_path, lost, signal_name):
+    """2 processes; process 1 killed (SIGKILL) or hung (SIGSTOP), or process 0 (the one that
+    started jax's coordination service) killed, once a checkpoint is written: the other ends
+    within a bounded time with EXIT_LOST_PEER and one line naming the lost one, keeping the
+    checkpoints written so far (jax alone prints a traceback, or waits in orbax's barrier,
+    then ends in XLA's fatal error at its heartbeat timeout, ~100 s, exit 134; with process 0
+    gone, its C++ client aborts at once, exit 134). A hung or killed process is found by its
+    missing heartbeat (--peer_timeout, here PEER_TIMEOUT s) if no collective fails first."""
     workdir, port = tmp_path / "w", free_port()
     env = binary_env(PYTHONPATH=ROOT)
     args = ["--config.rounds=1000", f"--peer_timeout={PEER_TIMEOUT}"]
@@ -232,10 +235,10 @@ def test_peer_lost_during_the_run(tmp_path, signal_name):
             assert all(p.poll() is None for p in procs) and time.perf_counter() < deadline, "no checkpoint"
             time.sleep(0.1)
         first = saved(workdir)
-        procs[1].send_signal(getattr(signal, signal_name))
+        procs[lost].send_signal(getattr(signal, signal_name))
         killed = time.perf_counter()
         try:
-            rc = procs[0].wait(timeout=60)
+            rc = procs[1 - lost].wait(timeout=60)
         except subprocess.TimeoutExpired:
             rc = "still running after 60 s"
         seconds = time.perf_counter() - killed
@@ -244,13 +247,13 @@ def test_peer_lost_during_the_run(tmp_path, signal_name):
             if p.poll() is None:
                 p.kill()
             p.wait()
-    logs[0][1].seek(0)
-    stderr = logs[0][1].read()
+    logs[1 - lost][1].seek(0)
+    stderr = logs[1 - lost][1].read()
     for o, e in logs:
         o.close(), e.close()
     assert rc == EXIT_LOST_PEER, stderr[-4000:]
     line = one_error_line(stderr)
-    assert line.startswith("error: lost process 1 of --num_processes=2 during the run ("), line
+    assert line.startswith(f"error: lost process {lost} of --num_processes=2 during the run ("), line
     assert "resume from the last checkpoint" in line, line
     assert seconds < PEER_TIMEOUT + 15  # at once when the collective in flight fails
     assert rounds(str(workdir))[0] == 1
