@@ -28,8 +28,11 @@ betas (0.9, 0.999), PFLlib's), `generator_steps` 1000 (PFLlib's server_epochs;
 0: the generator stays as initialized), `generator_batch` 0 (labels per generator
 step; 0: the local batch size, as PFLlib), `batch_norm` True, `noise` "normal"
 (the paper's N(0, I)) or "uniform" (both codes' torch.rand, U[0, 1)), `ensemble`
-"label" (the paper's alpha_k^y) or "samples" (PFLlib's: train-size weights, the
-same for every label), `diversity` 0 (the paper's objective and PFLlib; the
+"label" (the paper's alpha_k^y on the logits), "samples" (PFLlib's: train-size
+weights, the same for every label), "authors_code" (the authors' code: each head's
+own CE, weighted by its mean alpha_k^y over the batch's labels) or "label_loss"
+(each head's CE weighted per row by alpha_k^{y}: what that code's weighting reads
+as), `diversity` 0 (the paper's objective and PFLlib; the
 authors' code uses 1), `generative_alpha` 1 and `generative_beta` 0 with
 `generative_decay` 1 (the authors' code: 10, 10 and 0.98): alpha_t = alpha *
 decay^t, beta_t = beta * decay^t in round t, and beta_t weighs the authors' extra
@@ -39,7 +42,8 @@ detached).
 Paper vs code: the paper's local regularizer samples y' from the global label
 distribution, weight 1 (PFLlib: the same); the authors' code adds the KL term
 and decays both weights (options above). The paper weights the ensemble per label
-(alpha_k^y); PFLlib by train size (`ensemble="samples"`). The paper's noise is
+(alpha_k^y); PFLlib by train size (`ensemble="samples"`); the authors' code sums the
+heads' own weighted CEs (`ensemble="authors_code"`). The paper's noise is
 Gaussian; both codes draw U[0, 1) (`noise="uniform"`). PFLlib pools the label
 counts of all clients once; here p(y) is pooled over the round's participants
 (the authors' code's choice; the same under full participation, PFLlib's
@@ -50,9 +54,7 @@ same function (BatchNorm removes both), without the inert directions that Adam m
 noise.
 
 Not implemented: PFLlib's `localize_feature_extractor` (only heads shared); the
-authors' code's sum of per-client weighted losses for the generator (here the
-loss of the weighted ensemble of logits, as the paper and PFLlib), their
-"qualified labels" threshold and their 1e-4 floor on the decayed weights. Under
+authors' code's "qualified labels" threshold and their 1e-4 floor on the decayed weights. Under
 client-level DP the generator still reads the participants' raw heads: only the
 model average is private.
 """
@@ -80,7 +82,7 @@ from pfljax.core.types import Algorithm, ClientArrays, ClientData
 from pfljax.models.base import Model
 
 NOISES = ("normal", "uniform")
-ENSEMBLES = ("label", "samples")
+ENSEMBLES = ("label", "samples", "label_loss", "authors_code")
 GEN_INIT = 0x6E  # the generator's init key: fold_in(init key, GEN_INIT)
 GEN_STREAM = 0x6F  # generated rows: fold_in(client key, GEN_STREAM), then fold_in(., step)
 SERVER_STREAM = 0x70  # the server's generator steps: fold_in(sample_key, SERVER_STREAM)
@@ -248,21 +250,32 @@ def client_update(hp: FedGenHyper, state: FedGenState, cid, prior, data: ClientA
 
 
 def ensemble_weights(ensemble: str, counts: jax.Array, weights: jax.Array) -> jax.Array:
-    """[K, classes] weights of each participant's logits per label, summing to 1 over K:
-    alpha_k^y = n_k^y / sum_j n_j^y ("label"), or the aggregation weights [K] ("samples")."""
-    if ensemble == "label":
+    """[K, classes] weights of each participant per label, summing to 1 over K: alpha_k^y =
+    n_k^y / sum_j n_j^y (every ensemble but "samples"), or the aggregation weights [K] ("samples")."""
+    if ensemble != "samples":
         return counts / jnp.maximum(jnp.sum(counts, axis=0, keepdims=True), 1.0)
     w = weights / jnp.sum(weights)
     return jnp.broadcast_to(w[:, None], counts.shape)
 
 
 def generator_loss(hp: FedGenHyper, gen, heads, alphas, eps, labels):
-    """CE of the label-weighted ensemble of the heads' logits on G_w(eps, y) (+ diversity);
-    aux: the CE alone."""
+    """The teacher loss of G_w(eps, y) (+ diversity); aux: the teacher loss alone. "label",
+    "samples": CE of the weighted ensemble of the heads' logits; "label_loss": sum_k mean_b
+    alpha_k^{y_b} CE_k(b), each head's CE weighted per row; "authors_code": sum_k (mean_b
+    alpha_k^{y_b}) (mean_b CE_k(b)), what the authors' code computes (its per-row CE [B]
+    times the weights [B, 1] broadcasts to [B, B], so a row's weight and its CE are not paired)."""
     z = generate(gen, eps, labels, hp.num_classes, hp.batch_norm)
     logits = jnp.einsum("bd,kdc->kbc", z, heads["kernel"]) + heads["bias"][:, None, :]
-    ens = jnp.sum(alphas[:, labels][..., None] * logits, axis=0)  # [B, classes]
-    ce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(ens, labels))
+    weights = alphas[:, labels]  # [K, B]
+    if hp.ensemble in ("label", "samples"):
+        ens = jnp.sum(weights[..., None] * logits, axis=0)  # [B, classes]
+        ce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(ens, labels))
+    else:
+        per_head = optax.softmax_cross_entropy_with_integer_labels(logits, labels[None])  # [K, B]
+        if hp.ensemble == "label_loss":
+            ce = jnp.sum(jnp.mean(weights * per_head, axis=1))
+        else:
+            ce = jnp.sum(jnp.mean(weights, axis=1) * jnp.mean(per_head, axis=1))
     total = ce
     if not known_zero(hp.diversity):
         total = total + hp.diversity * diversity_loss(eps, z)

@@ -90,12 +90,16 @@ def loop_client(params, gen, data, key, prior, r, opts):
     return params
 
 
-def gen_loss(gen, heads, alphas, eps, y, eta):
+def gen_loss(gen, heads, alphas, eps, y, eta, ensemble):
     z = gen_forward(gen, eps, y)
-    ens = 0.0
+    ens, ce = 0.0, 0.0
     for head, a in zip(heads, alphas):
-        ens = ens + a[y][:, None] * (z @ head["kernel"] + head["bias"][None])
-    ce = -jnp.mean(log_softmax(ens)[jnp.arange(len(y)), y])
+        logits = z @ head["kernel"] + head["bias"][None]
+        ens = ens + a[y][:, None] * logits
+        ce_k = -log_softmax(logits)[jnp.arange(len(y)), y]  # this head's CE per row
+        ce += jnp.mean(a[y] * ce_k) if ensemble == "label_loss" else jnp.mean(a[y]) * jnp.mean(ce_k)
+    if ensemble in ("label", "samples"):
+        ce = -jnp.mean(log_softmax(ens)[jnp.arange(len(y)), y])
     if eta:
         div = 0.0
         for i in range(len(y)):
@@ -109,7 +113,10 @@ def adam_steps(gen, m, v, t0, heads, alphas, prior, key, opts):
     for t in range(STEPS):
         k1, k2 = jax.random.split(jax.random.fold_in(key, t))
         y = labels(k1, prior, GB)
-        g = jax.grad(gen_loss)(gen, heads, alphas, noise(k2, (GB, ND), opts), y, opts.get("diversity", 0))
+        eps = noise(k2, (GB, ND), opts)
+        g = jax.grad(gen_loss)(
+            gen, heads, alphas, eps, y, opts.get("diversity", 0), opts.get("ensemble", "label")
+        )
         n = t0 + t + 1
         m = jax.tree.map(lambda a, d: 0.9 * a + 0.1 * d, m, g)
         v = jax.tree.map(lambda a, d: 0.999 * a + 0.001 * d * d, v, g)
@@ -122,7 +129,11 @@ def adam_steps(gen, m, v, t0, heads, alphas, prior, key, opts):
     return gen, m, v
 
 
-@pytest.mark.parametrize("opts", [PAPER, CODE], ids=["paper", "code"])
+@pytest.mark.parametrize(
+    "opts",
+    [PAPER, CODE, dict(PAPER, ensemble="label_loss"), dict(CODE, ensemble="authors_code")],
+    ids=["paper", "code", "label_loss", "authors_code"],
+)
 def test_round_equals_loop(opts):
     chex.clear_trace_counter()
     data = toy_data(COUNTS)
