@@ -66,6 +66,15 @@ def code(text: str) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
+def server_optimizer_text(name: str) -> str:
+    if algorithms.takes(name, "server_optimizer"):
+        return (
+            "any optax transformation (`build(..., server_optimizer=optax.adam(1e-2))`; "
+            "`config.server_optimizer`), in place of `server_lr`"
+        )
+    return "none (no server step on an average)"
+
+
 def privacy_text(name: str) -> str:
     if algorithms.supports_privacy(name):
         return "supported (`config.dp.*`; from Python `build(..., privacy=ClientDP(...))`)"
@@ -116,6 +125,7 @@ def algorithm_page(name: str) -> str:
             *table,
             "",
             f"- Client-level differential privacy: {privacy_text(name)}.",
+            f"- Server optimizer: {server_optimizer_text(name)}.",
             f"- Clients in host memory (`config.client_storage=host`): {host_storage_text(name)}.",
             "",
         ]

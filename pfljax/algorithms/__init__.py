@@ -82,9 +82,14 @@ def refused_when(option: str, default: bool, reason: str) -> Callable[[dict], st
     return lambda options: reason if options.get(option, default) else None
 
 
+def takes(name: str, argument: str) -> bool:
+    """Whether `<name>.build` takes `argument` (e.g. "privacy", "server_optimizer")."""
+    return argument in inspect.signature(get(name).build).parameters
+
+
 def supports_privacy(name: str) -> bool:
     """Whether `<name>.build` takes `privacy` (client-level DP of an average of uploads)."""
-    return "privacy" in inspect.signature(get(name).build).parameters
+    return takes(name, "privacy")
 
 
 def summary_line(name: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from pfljax.core import aggregate
 from pfljax.core import params as P
@@ -41,14 +42,17 @@ class DittoState(NamedTuple):
     global_params: Any  # w (full variables)
     client_personal: Any  # v, full variables [C, ...]
     round: jax.Array
+    server_state: Any = ()  # the server optimizer's state over w (() without one)
 
 
 class DittoHyper(NamedTuple):
-    """The global trainer (FedAvg's), the personal trainer (prox lam towards w) and the server rate."""
+    """The global trainer (FedAvg's), the personal trainer (prox lam towards w), the server rate
+    and the server optimizer (None: the server rate)."""
 
     train: Callable
     personal: Callable
     server_lr: float
+    server_optimizer: optax.GradientTransformation | None = None
 
 
 def personal_schedule(local: LocalTraining, epochs: int, steps: int) -> LocalTraining:
@@ -74,9 +78,13 @@ def server_update(hp: DittoHyper, state: DittoState, outputs, part: Participants
     """FedAvg's server step on the w_k; the participants' v_k stored; their mean personal loss."""
     w_new, v_new, personal_loss = outputs
     average, metrics = part.average(w_new, state.global_params)
+    global_params, server_state = aggregate.server_update(
+        hp.server_optimizer, hp.server_lr, state.server_state, state.global_params, average
+    )
     state = state._replace(
-        global_params=aggregate.server_step(state.global_params, average, hp.server_lr),
+        global_params=global_params,
         client_personal=part.scatter(state.client_personal, v_new),
+        server_state=server_state,
     )
     return state, {
         "personal_loss": jnp.sum(aggregate.normalized_weights(part.weights) * personal_loss),
@@ -84,10 +92,17 @@ def server_update(hp: DittoHyper, state: DittoState, outputs, part: Participants
     }
 
 
-def init(model: Model, key, params_template=None, num_clients: int = 1) -> DittoState:
+def init(
+    model: Model, key, params_template=None, num_clients: int = 1, *, server_optimizer=None
+) -> DittoState:
     """w and every v start from the same model."""
     params = model.initial(key, params_template)
-    return DittoState(params, broadcast(params, num_clients), jnp.zeros([], jnp.int32))
+    return DittoState(
+        params,
+        broadcast(params, num_clients),
+        jnp.zeros([], jnp.int32),
+        aggregate.init_server_state(server_optimizer, params),
+    )
 
 
 def evaluate(model: Model, client_map, loss, state: DittoState, data: ClientData, key):
@@ -117,6 +132,7 @@ def build(
     server_lr: float = 1.0,
     weighting: str = "samples",
     privacy: ClientDP | None = None,
+    server_optimizer: optax.GradientTransformation | None = None,
 ) -> Algorithm:
     """Ditto: FedAvg for w, and per participant v trained with lam / 2 ||v - w||^2.
 
@@ -128,19 +144,21 @@ def build(
         and batch size of both).
     """
     check_weighting(weighting)
+    aggregate.check_server_optimizer(server_optimizer, server_lr)
     local = local.validate()
     cmap = as_client_map(client_map)
     hp = DittoHyper(
         make_local_train(model.apply, local),
         make_local_train(model.apply, personal_schedule(local, personal_epochs, personal_steps), prox_mu=lam),
         server_lr,
+        server_optimizer,
     )
     model_bytes = P.tree_bytes(model.template())
     step = client_step(
         functools.partial(client_update, hp), functools.partial(server_update, hp), cmap, "client_personal"
     )
     return Algorithm(
-        functools.partial(init, model),
+        functools.partial(init, model, server_optimizer=server_optimizer),
         federated_round(
             step,
             clients_per_round=clients_per_round,

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from pfljax.core import aggregate
 from pfljax.core import params as P
@@ -41,15 +42,17 @@ class FedAvgState(NamedTuple):
     global_params: Any
     client_params: dict  # {path: [C, ...]} local leaves only
     round: jax.Array
+    server_state: Any = ()  # the server optimizer's state over the shared leaves (() without one)
 
 
 class FedAvgHyper(NamedTuple):
     """What the pieces of a FedAvg round need: the local trainer, the leaves kept
-    local (a bool tree) and the server learning rate."""
+    local (a bool tree), the server learning rate and the server optimizer (None: server_lr)."""
 
     train: Callable
     is_local: Any
     server_lr: float
+    server_optimizer: optax.GradientTransformation | None = None
 
 
 def personalized(state: FedAvgState, c: jax.Array) -> Any:
@@ -73,17 +76,37 @@ def server_update(hp: FedAvgHyper, state: FedAvgState, outputs, part: Participan
     shared_new, local_new = outputs
     shared_old, _ = P.split(state.global_params, hp.is_local)
     target, metrics = part.average(shared_new, shared_old)
-    shared = aggregate.server_step(shared_old, target, hp.server_lr)
+    shared, server_state = aggregate.server_update(
+        hp.server_optimizer, hp.server_lr, state.server_state, shared_old, target
+    )
     return state._replace(
         global_params=P.merge(state.global_params, shared),
         client_params=part.scatter(state.client_params, local_new),
+        server_state=server_state,
     ), metrics
 
 
-def init(model: Model, is_local, key, params_template=None, num_clients: int = 1) -> FedAvgState:
+def init(
+    model: Model,
+    is_local,
+    key,
+    params_template=None,
+    num_clients: int = 1,
+    *,
+    server_optimizer=None,
+    not_averaged=None,
+) -> FedAvgState:
+    """The global model, each client's local leaves (`is_local`), and the server optimizer's
+    state over the averaged leaves (all but `not_averaged`, default `is_local`)."""
     params = model.initial(key, params_template)
-    _, local_part = P.split(params, is_local)
-    return FedAvgState(params, broadcast(local_part, num_clients), jnp.zeros([], jnp.int32))
+    local_part = P.split(params, is_local)[1]
+    averaged = P.split(params, is_local if not_averaged is None else not_averaged)[0]
+    return FedAvgState(
+        params,
+        broadcast(local_part, num_clients),
+        jnp.zeros([], jnp.int32),
+        aggregate.init_server_state(server_optimizer, averaged),
+    )
 
 
 def evaluate(model: Model, client_map, loss, state: FedAvgState, data: ClientData, key):
@@ -106,6 +129,7 @@ def build(
     weighting: str = "samples",
     client_map: ClientMap | str | None = "auto",
     privacy: ClientDP | None = None,
+    server_optimizer: optax.GradientTransformation | None = None,
 ) -> Algorithm:
     """FedAvg / FedProx / partial averaging.
 
@@ -119,18 +143,23 @@ def build(
       weighting: "samples" (by train size) or "uniform".
       client_map: client-axis mapping strategy (see pfljax.core.clients).
       privacy: client-level DP of the shared leaves' average (pfljax.core.privacy).
+      server_optimizer: any optax transformation, stepped on the pseudo-gradient
+        global - mean of the shared leaves (FedAvgM, FedAdam, FedYogi:
+        `pfljax.core.aggregate.server_update`); None: the server_lr step.
     """
     check_weighting(weighting)
+    aggregate.check_server_optimizer(server_optimizer, server_lr)
     cmap = as_client_map(client_map)
     template = model.template()
     is_local = P.match_paths(template, local_leaves)
     shared_bytes = P.tree_bytes(P.split(template, is_local)[0])
-    hp = FedAvgHyper(make_local_train(model.apply, local, prox_mu=prox_mu), is_local, server_lr)
+    train = make_local_train(model.apply, local, prox_mu=prox_mu)
+    hp = FedAvgHyper(train, is_local, server_lr, server_optimizer)
     step = client_step(
         functools.partial(client_update, hp), functools.partial(server_update, hp), cmap, own_local_leaves
     )
     return Algorithm(
-        functools.partial(init, model, is_local),
+        functools.partial(init, model, is_local, server_optimizer=server_optimizer),
         federated_round(
             step,
             clients_per_round=clients_per_round,
@@ -163,6 +192,7 @@ def layers_local_builder(name: str, which: str, renamed: dict | None = None) -> 
         server_lr: float = 1.0,
         weighting: str = "samples",
         privacy: ClientDP | None = None,
+        server_optimizer: optax.GradientTransformation | None = None,
         **unknown,
     ) -> Algorithm:
         for old in unknown:
@@ -178,6 +208,7 @@ def layers_local_builder(name: str, which: str, renamed: dict | None = None) -> 
             weighting=weighting,
             local_leaves=select(model, local_layers, argument="local_layers"),
             privacy=privacy,
+            server_optimizer=server_optimizer,
         )
 
     build_layers_local.__doc__ = (

@@ -73,6 +73,7 @@ def build(
     prox_mu: float = 0.0,
     weighting: str = "samples",
     privacy: ClientDP | None = None,
+    server_optimizer: optax.GradientTransformation | None = None,
 ) -> Algorithm:
     """FedAvg+: FedAvg, fine-tuned before each evaluation.
 
@@ -92,6 +93,7 @@ def build(
         prox_mu=prox_mu,
         weighting=weighting,
         privacy=privacy,
+        server_optimizer=server_optimizer,
     )
     spec = finetune_spec(local, finetune_epochs, finetune_steps, finetune_batch_size, finetune_lr)
     tune = make_local_train(model.apply, spec)

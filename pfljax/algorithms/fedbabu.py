@@ -20,9 +20,11 @@ from __future__ import annotations
 import functools
 
 import jax
+import optax
 
 from pfljax.algorithms import fedavg, fedavg_ft
 from pfljax.algorithms.fedrep import frozen
+from pfljax.core import aggregate
 from pfljax.core import params as P
 from pfljax.core.clients import ClientMap, as_client_map
 from pfljax.core.domains import SERVER_LR, checked
@@ -63,6 +65,7 @@ def build(
     server_lr: float = 1.0,
     weighting: str = "samples",
     privacy: ClientDP | None = None,
+    server_optimizer: optax.GradientTransformation | None = None,
 ) -> Algorithm:
     """FedBABU: the body federated with the head frozen at its initialisation; fine-tuned to evaluate.
 
@@ -78,7 +81,8 @@ def build(
     is_head = P.match_paths(template, last_layers(model, head_layers, argument="head_layers"))
     body_params = jax.tree.map(lambda h: not h, is_head["params"])
     train_body = make_local_train(model.apply, local._replace(optimizer=frozen(local.optimizer, body_params)))
-    hp = fedavg.FedAvgHyper(train_body, is_head, server_lr)
+    aggregate.check_server_optimizer(server_optimizer, server_lr)
+    hp = fedavg.FedAvgHyper(train_body, is_head, server_lr, server_optimizer)
     body_bytes = P.tree_bytes(P.split(template, is_head)[0])
     # FedAvg's state with no local leaves (client_params = {}); its server step
     # averages the bodies and leaves the head in place.
@@ -86,7 +90,13 @@ def build(
     step = client_step(functools.partial(client_update, hp), server_update, cmap)
     tune = make_local_train(model.apply, fedavg_ft.finetune_spec(local, finetune_epochs, 0, 0, 0.0))
     return Algorithm(
-        functools.partial(fedavg.init, model, jax.tree.map(lambda _: False, template)),
+        functools.partial(
+            fedavg.init,
+            model,
+            jax.tree.map(lambda _: False, template),
+            server_optimizer=server_optimizer,
+            not_averaged=is_head,
+        ),
         federated_round(
             step,
             clients_per_round=clients_per_round,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 import jax
+import optax
 
 from pfljax.algorithms import fedavg
 from pfljax.core import params as P
@@ -61,6 +62,7 @@ def build(
     server_lr: float = 1.0,
     weighting: str = "samples",
     privacy: ClientDP | None = None,
+    server_optimizer: optax.GradientTransformation | None = None,
 ) -> Algorithm:
     """FedBN: FedAvg with BatchNorm parameters and statistics local.
 
@@ -74,5 +76,6 @@ def build(
         server_lr=server_lr,
         weighting=weighting,
         privacy=privacy,
+        server_optimizer=server_optimizer,
         local_leaves=bn_leaves(model),
     )

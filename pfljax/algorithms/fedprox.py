@@ -5,6 +5,8 @@ FedAvg whose local objective adds mu / 2 * ||w - w_global||^2.
 
 from __future__ import annotations
 
+import optax
+
 from pfljax.algorithms import fedavg
 from pfljax.core.clients import ClientMap
 from pfljax.core.domains import SERVER_LR, Domain, checked
@@ -27,6 +29,7 @@ def build(
     server_lr: float = 1.0,
     weighting: str = "samples",
     privacy: ClientDP | None = None,
+    server_optimizer: optax.GradientTransformation | None = None,
 ) -> Algorithm:
     """FedProx with proximal weight `mu` (> 0); other arguments as fedavg.build."""
     return fedavg.build(
@@ -38,4 +41,5 @@ def build(
         server_lr=server_lr,
         weighting=weighting,
         privacy=privacy,
+        server_optimizer=server_optimizer,
     )

@@ -90,6 +90,7 @@ def build(
     server_lr: float = 1.0,
     weighting: str = "samples",
     privacy: ClientDP | None = None,
+    server_optimizer: optax.GradientTransformation | None = None,
 ) -> Algorithm:
     """FedRep: alternate head epochs (body frozen) and body training (head frozen); body averaged.
 
@@ -100,6 +101,7 @@ def build(
         body phase's steps/epochs (paper: 1 epoch).
     """
     check_weighting(weighting)
+    aggregate.check_server_optimizer(server_optimizer, server_lr)
     local = local.validate()
     cmap = as_client_map(client_map)
     template = model.template()
@@ -112,7 +114,7 @@ def build(
             local._replace(optimizer=frozen(local.optimizer, head_params), steps=None, epochs=head_epochs),
         ),
         make_local_train(model.apply, local._replace(optimizer=frozen(local.optimizer, body_params))),
-        fedavg.FedAvgHyper(None, is_head, server_lr),
+        fedavg.FedAvgHyper(None, is_head, server_lr, server_optimizer),
     )
     body_bytes = P.tree_bytes(P.split(template, is_head)[0])
     step = client_step(
@@ -123,7 +125,7 @@ def build(
     )
     # FedAvg with the head local has FedRep's state, init and evaluation.
     return Algorithm(
-        functools.partial(fedavg.init, model, is_head),
+        functools.partial(fedavg.init, model, is_head, server_optimizer=server_optimizer),
         federated_round(
             step,
             clients_per_round=clients_per_round,

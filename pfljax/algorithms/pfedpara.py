@@ -19,6 +19,7 @@ Models: `MODEL_VARIANTS` maps "mlp" / "cnn" to their low-rank versions
 from __future__ import annotations
 
 import jax
+import optax
 
 from pfljax.algorithms import fedavg
 from pfljax.core import params as P
@@ -52,6 +53,7 @@ def build(
     server_lr: float = 1.0,
     weighting: str = "samples",
     privacy: ClientDP | None = None,
+    server_optimizer: optax.GradientTransformation | None = None,
 ) -> Algorithm:
     """pFedPara: FedAvg on the first low-rank pair (and biases), the second pair personal.
 
@@ -74,5 +76,6 @@ def build(
         server_lr=server_lr,
         weighting=weighting,
         privacy=privacy,
+        server_optimizer=server_optimizer,
         local_leaves=local_leaves,
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 
 PyTree = Any
 
@@ -37,6 +38,47 @@ def weighted_mean(stacked: PyTree, weights: jax.Array, mask: jax.Array | None = 
 def server_step(global_tree: PyTree, target: PyTree, server_lr: float) -> PyTree:
     """global + server_lr * (target - global): server learning rate on the mean update."""
     return jax.tree.map(lambda g, t: g + server_lr * (t - g), global_tree, target)
+
+
+def check_server_optimizer(server_optimizer: Any, server_lr: float) -> None:
+    """TypeError unless `server_optimizer` is None or an optax transformation; ValueError
+    when both it and a server_lr other than 1 are given (its own learning rate rules)."""
+    if server_optimizer is None:
+        return
+    if not isinstance(server_optimizer, optax.GradientTransformation):
+        raise TypeError(
+            f"server_optimizer must be an optax.GradientTransformation (e.g. optax.adam(1e-2)) or None, "
+            f"got {type(server_optimizer).__name__}"
+        )
+    if server_lr != 1.0:
+        raise ValueError(
+            f"server_lr must be 1.0 with a server_optimizer, got {server_lr}: the optimizer's own "
+            "learning rate is the server's step"
+        )
+
+
+def init_server_state(server_optimizer: optax.GradientTransformation | None, global_tree: PyTree) -> Any:
+    """The server optimizer's state over `global_tree` (() without one)."""
+    return () if server_optimizer is None else server_optimizer.init(global_tree)
+
+
+def server_update(
+    server_optimizer: optax.GradientTransformation | None,
+    server_lr: float,
+    server_state: Any,
+    global_tree: PyTree,
+    target: PyTree,
+) -> tuple[PyTree, Any]:
+    """(new global, new server state): `server_step` with server_lr, or, with a server
+    optimizer, one optax step on the pseudo-gradient global - target (the negated mean
+    client update; Reddi et al., "Adaptive Federated Optimization", ICLR 2021: optax.sgd
+    with momentum is FedAvgM, optax.adam FedAdam, optax.yogi FedYogi, optax.adagrad
+    FedAdagrad; optax.sgd(lr) equals server_lr=lr)."""
+    if server_optimizer is None:
+        return server_step(global_tree, target, server_lr), server_state
+    pseudo_gradient = jax.tree.map(jnp.subtract, global_tree, target)
+    updates, server_state = server_optimizer.update(pseudo_gradient, server_state, global_tree)
+    return optax.apply_updates(global_tree, updates), server_state
 
 
 def mix(matrix: jax.Array, stacked: PyTree) -> PyTree:

@@ -17,6 +17,9 @@ from absl import logging
 
 from pfljax.experiment.config import RESUMABLE_FIELDS, ConfigError, base_config, to_plain
 
+# What orbax says when a checkpoint's tree has other fields than the restore template.
+LAYOUT_MISMATCH = "tree structures do not match:"
+
 
 class Checkpoints:
     """Saves and restores (state, host) pairs under `directory`, keeping the last `keep`."""
@@ -70,6 +73,8 @@ class Checkpoints:
             try:
                 return (step, *self.restore(step, template))
             except Exception as e:  # noqa: BLE001
+                if LAYOUT_MISMATCH in str(e):
+                    raise ConfigError(self._layout_message(step, e)) from None
                 damaged.append(self._set_aside(step, e))
         if damaged:
             raise ConfigError(
@@ -77,6 +82,17 @@ class Checkpoints:
                 f"{', '.join(damaged)}); to start fresh, give another --workdir or delete {self.directory!r}"
             )
         return 0, template, None
+
+    def _layout_message(self, step: int, error: Exception) -> str:
+        """One line for a checkpoint whose state has other fields than this run's (written by
+        another pfljax version): it is left in place, not taken for damage."""
+        lines = str(error).split(LAYOUT_MISMATCH, 1)[1].splitlines()
+        first = next((line.strip().rstrip(":") for line in lines if line.strip()), "?")
+        return (
+            f"checkpoint {step} in {self.directory!r} holds a state laid out otherwise than this run's "
+            f"(first difference at {first!r}: written by another pfljax version); resume it with that "
+            f"version, or start fresh with another --workdir (the checkpoint is left in place)"
+        )
 
     def _set_aside(self, step: int, error: Exception) -> str:
         """Moves checkpoint `step` out of the manager's directory; returns its name."""

@@ -61,9 +61,11 @@ from pfljax.models.weights import load_variables
 from pfljax.runtime.offload import STORAGES
 
 # Arguments every build takes, set from the common fields instead.
-COMMON_BUILD_ARGS = ("model", "local", "clients_per_round", "client_map", "privacy")
+COMMON_BUILD_ARGS = ("model", "local", "clients_per_round", "client_map", "privacy", "server_optimizer")
 SIMPLE_TYPES = (bool, int, float, str)
 OPTIMIZERS = ("auto", "sgd", "adam", "adamw")
+SERVER_OPTIMIZERS = ("none", "sgd", "adam", "yogi", "adagrad")
+SERVER_FIELDS = ("server_learning_rate", "server_momentum", "server_epsilon")
 LOSS_NAMES = ("auto", "cross_entropy", "mse", "token_cross_entropy")
 # loss="auto" by the data's task (FederatedData.task).
 AUTO_LOSS = {"classification": "cross_entropy", "regression": "mse", "sequence": "token_cross_entropy"}
@@ -298,6 +300,7 @@ def choices() -> dict[str, Any]:
         "permute_labels": PERMUTE_MODES,
         "test_split": TEST_SPLITS,
         "optimizer": OPTIMIZERS,
+        "server_optimizer": SERVER_OPTIMIZERS,
         "loss": LOSS_NAMES,
         "client_map": STRATEGIES,
         "client_storage": STORAGES,
@@ -371,6 +374,19 @@ def _check_privacy_set(config, schema) -> None:
             )
 
 
+def _check_server_optimizer_set(config, schema) -> None:
+    """ConfigError for a server_* option set while server_optimizer is "none" (it would do nothing)."""
+    if config.server_optimizer != "none":
+        return
+    for key in SERVER_FIELDS:
+        if config[key] != schema[key]:
+            raise ConfigError(
+                f"config.{key}={config[key]!r} is set but config.server_optimizer is 'none', so it would "
+                f"do nothing: give --config.server_optimizer (one of {SERVER_OPTIMIZERS[1:]}), or leave "
+                f"{key} at {schema[key]!r}"
+            )
+
+
 @functools.cache
 def _schema() -> ml_collections.FrozenConfigDict:
     """base_config(), built once: `validate` reads its names and the dp defaults."""
@@ -404,6 +420,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if message:
             raise ConfigError(message)
     _check_privacy_set(config, schema)
+    _check_server_optimizer_set(config, schema)
     _check_host_storage(config)
     try:
         algorithms.model_variant(config.algorithm, config.model)
@@ -540,6 +557,21 @@ def make_optimizer(config) -> optax.GradientTransformation:
     if config.weight_decay:
         opt = optax.chain(optax.add_decayed_weights(config.weight_decay), opt)
     return opt
+
+
+def make_server_optimizer(config) -> optax.GradientTransformation | None:
+    """The optax server optimizer of config.server_optimizer (None for "none"). adam and yogi
+    take b2=0.99 (Reddi et al.'s FedAdam / FedYogi) and keep optax's bias correction (the
+    paper's have none)."""
+    name, lr = config.server_optimizer, config.server_learning_rate
+    momentum, eps = config.server_momentum, config.server_epsilon
+    if name == "none":
+        return None
+    if name == "sgd":
+        return optax.sgd(lr, momentum=momentum or None)
+    if name == "adagrad":
+        return optax.adagrad(lr, eps=eps)
+    return {"adam": optax.adam, "yogi": optax.yogi}[name](lr, b1=momentum, b2=0.99, eps=eps)
 
 
 def make_local(config, task: str = "classification") -> LocalTraining:
@@ -765,12 +797,8 @@ def make_privacy(config) -> ClientDP | None:
     dp = config.dp
     if not dp.enabled:
         return None
-    if "privacy" not in inspect.signature(algorithms.get(config.algorithm).build).parameters:
-        supported = [
-            n
-            for n in algorithms.available()
-            if "privacy" in inspect.signature(algorithms.get(n).build).parameters
-        ]
+    if not algorithms.supports_privacy(config.algorithm):
+        supported = [n for n in algorithms.available() if algorithms.supports_privacy(n)]
         raise ConfigError(
             f"config.dp.enabled: {config.algorithm} does not support client-level DP (its server mixes or "
             f"inspects per-client models, not an average of uploads); supported: {supported}"
@@ -792,6 +820,15 @@ def make_algorithm(config, model: Model, client_map, task: str = "classification
     privacy = make_privacy(config)
     if privacy is not None:
         options["privacy"] = privacy
+    server_optimizer = make_server_optimizer(config)
+    if server_optimizer is not None:
+        if not algorithms.takes(name, "server_optimizer"):
+            supported = [n for n in algorithms.available() if algorithms.takes(n, "server_optimizer")]
+            raise ConfigError(
+                f"config.server_optimizer={config.server_optimizer!r}: {name} has no server optimizer; "
+                f"the methods with one: {supported}"
+            )
+        options["server_optimizer"] = server_optimizer
     try:
         return algorithms.get(name).build(
             model,

@@ -184,6 +184,19 @@ FIELDS = {
         Domain(0, 1, high_open=True),
     ),
     "weight_decay": Field(0.0, ">= 0", Domain(0)),
+    # Server optimizer (methods with a server_lr; pfljax.core.aggregate.server_update).
+    "server_optimizer": Field(
+        "none",
+        "none (the method's server_lr step), sgd (FedAvgM), adam (FedAdam), yogi (FedYogi), adagrad "
+        "(FedAdagrad): an optax optimizer stepped on global - mean client model",
+    ),
+    "server_learning_rate": Field(1.0, "> 0: the server optimizer's learning rate", Domain(0, low_open=True)),
+    "server_momentum": Field(
+        0.9, "in [0, 1): sgd's momentum (0: none), adam's and yogi's b1", Domain(0, 1, high_open=True)
+    ),
+    "server_epsilon": Field(
+        1e-3, "> 0: adam's, yogi's and adagrad's eps (Reddi et al.'s tau)", Domain(0, low_open=True)
+    ),
     "loss": Field("auto", "auto (by the data's task), cross_entropy, mse, token_cross_entropy"),
     # Model (pfljax.models.build_model).
     "model": Field("mlp", "a pfljax.models.MODELS name; model_kwargs go to it"),

@@ -22,6 +22,7 @@ for bit with another program with XLA's default emitters (`EXACT`).
 """
 
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -167,3 +168,26 @@ def test_layouts_and_loops_give_the_same_numbers(name):
 
     reference = run(padded, "scan")  # the layout and loop before pools
     chex.assert_trees_all_equal(run(pooled, "while"), reference)
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in algorithms.available() if algorithms.takes(n, "server_optimizer")]
+)
+def test_server_optimizer_sgd_is_the_server_learning_rate(name):
+    """Every method with a server optimizer: optax.sgd(0.5) on the server gives the state
+    that server_lr=0.5 gives, over two rounds; with optax.adam its state holds adam's moments."""
+    model = build_model(algorithms.model_variant(name, "mlp"), (6,), 3, hidden=(8,))
+    build = functools.partial(
+        algorithms.get(name).build, model, SPEC, clients_per_round=K, **small_options(name)
+    )
+    with_lr, with_sgd = build(server_lr=0.5), build(server_optimizer=optax.sgd(0.5))
+    a, b = with_lr.init(jax.random.key(0), None, NUM), with_sgd.init(jax.random.key(0), None, NUM)
+    data = toy_data(COUNTS)
+    for r in range(2):
+        a, b = with_lr.round(a, data, round_key(r))[0], with_sgd.round(b, data, round_key(r))[0]
+    chex.assert_trees_all_close(
+        a._replace(server_state=()), b._replace(server_state=()), rtol=1e-5, atol=1e-6
+    )
+    with_adam = build(server_optimizer=optax.adam(1e-2))
+    state = with_adam.round(with_adam.init(jax.random.key(0), None, NUM), data, round_key(0))[0]
+    assert int(state.server_state[0].count) == 1

@@ -128,3 +128,58 @@ def test_too_many_clients_per_round():
     state = alg.init(jax.random.key(0), None, len(COUNTS))
     with pytest.raises(ValueError, match="clients_per_round"):
         alg.round(state, toy_data(COUNTS), jax.random.key(0))
+
+
+def fedavgm_step(g, mean, m, lr=0.7, momentum=0.9):
+    """Hand-written FedAvgM (Hsu et al. 2019): m = momentum m + (g - mean); g -= lr m."""
+    m = momentum * m + (g - mean)
+    return g - lr * m, m
+
+
+def fedadam_step(g, mean, m, v, t, lr=0.05, b1=0.9, b2=0.99, eps=1e-3):
+    """Hand-written FedAdam on the pseudo-gradient g - mean, with optax's bias correction."""
+    d = g - mean
+    m, v = b1 * m + (1 - b1) * d, b2 * v + (1 - b2) * d * d
+    m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
+    return g - lr * m_hat / (np.sqrt(v_hat) + eps), m, v
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam"])
+def test_server_optimizer_equals_hand_written_fedavgm_and_fedadam(name):
+    """Three rounds with an optax server optimizer against the per-client loop's mean and
+    the optimizer's update written out in numpy; optax.sgd(lr) is server_lr=lr."""
+    data = toy_data(COUNTS)
+    optimizer = (
+        optax.sgd(0.7, momentum=0.9) if name == "sgd_momentum" else optax.adam(0.05, b2=0.99, eps=1e-3)
+    )
+    alg = fedavg.build(MODEL, SPEC, clients_per_round=4, server_optimizer=optimizer)
+    state = alg.init(jax.random.key(0), None, len(COUNTS))
+    leaves, treedef = jax.tree.flatten(jax.device_get(state.global_params))
+    g = [np.asarray(x) for x in leaves]  # the global model, leaf by leaf
+    m, v = [np.zeros_like(x) for x in g], [np.zeros_like(x) for x in g]
+    rnd = jax.jit(alg.round)
+    for r in range(3):
+        state, _ = rnd(state, data, jax.random.key(7))
+        mean = jax.tree.leaves(loop_round(treedef.unflatten(g), data, jax.random.key(7), r, 4, 0.0, 1.0))
+        for i, mean_i in enumerate(np.asarray(x) for x in mean):
+            if name == "sgd_momentum":
+                g[i], m[i] = fedavgm_step(g[i], mean_i, m[i])
+            else:
+                g[i], m[i], v[i] = fedadam_step(g[i], mean_i, m[i], v[i], r + 1)
+        chex.assert_trees_all_close(state.global_params, treedef.unflatten(g), rtol=2e-5, atol=2e-6)
+    plain = fedavg.build(MODEL, SPEC, clients_per_round=4, server_lr=0.7)
+    with_sgd = fedavg.build(MODEL, SPEC, clients_per_round=4, server_optimizer=optax.sgd(0.7))
+    start = plain.init(jax.random.key(0), None, len(COUNTS))
+    chex.assert_trees_all_close(
+        plain.round(start, data, jax.random.key(3))[0].global_params,
+        with_sgd.round(with_sgd.init(jax.random.key(0), None, 6), data, jax.random.key(3))[0].global_params,
+        rtol=1e-6,
+        atol=1e-7,
+    )
+
+
+def test_bad_server_optimizer():
+    with pytest.raises(TypeError, match="server_optimizer must be an optax.GradientTransformation"):
+        fedavg.build(MODEL, SPEC, server_optimizer="adam")
+    with pytest.raises(ValueError, match="server_lr must be 1.0 with a server_optimizer"):
+        fedavg.build(MODEL, SPEC, server_lr=0.5, server_optimizer=optax.adam(1e-2))

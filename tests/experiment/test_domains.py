@@ -132,3 +132,14 @@ def test_build_checks_concrete_values_and_skips_traced_ones():
     assert algorithms.domains("fedprox")["mu"] == Domain(0, low_open=True)
     with pytest.raises(TypeError, match="domains of unknown options"):
         checked({"nope": Domain(0)})(fedprox.build)
+
+
+@pytest.mark.parametrize("field", C.SERVER_FIELDS)
+def test_a_server_option_set_without_a_server_optimizer_is_refused(field):
+    domain = DOMAINS[field]
+    value = next(v for v in (0.5, 0.25) if v != PLAIN[field] and domain.contains(v))
+    config = with_value(field, value)
+    with pytest.raises(C.ConfigError, match=rf"^config.{field}={value!r} is set but config.server_optimizer"):
+        C.validate(config)
+    config.server_optimizer = "adam"
+    C.validate(config)

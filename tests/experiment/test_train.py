@@ -308,3 +308,25 @@ def test_under_dp_the_divergence_message_names_the_noise():
     assert "--config.dp.clip_norm=0.25" in text
     config.dp.enabled, config.dp.noise_multiplier, config.dp.clip_norm = False, 1.0, 1.0
     assert "dp." not in divergence_message(resolve(config)[0], 3, "train loss nan", "w")
+
+
+def test_a_server_optimizer_runs_and_is_refused_where_the_method_has_none(tmp_path, caplog):
+    """FedAdam through the run loop (its optimizer state resumes with the checkpoint: the
+    summary of a run stopped and resumed equals the uninterrupted one); a method without a
+    server step is refused in one line naming the methods that have one."""
+    config = tiny_config(base_config(), rounds=3)
+    config.server_optimizer, config.server_learning_rate = "adam", 0.05
+    whole = train_and_evaluate(config, str(tmp_path / "whole"))
+    config.rounds = 2
+    train_and_evaluate(config, str(tmp_path / "resumed"))
+    config.rounds = 3
+    with caplog.at_level("INFO"):
+        resumed = train_and_evaluate(config, str(tmp_path / "resumed"))
+    assert "fedavg: resumed from round 2 of 3" in caplog.text
+    assert resumed["final_mean_accuracy"] == whole["final_mean_accuracy"]
+    assert resumed["final_mean_loss"] == whole["final_mean_loss"]
+    config.algorithm = "fedala"
+    with pytest.raises(
+        ConfigError, match=r"config.server_optimizer='adam': fedala has no server optimizer; the"
+    ):
+        train_and_evaluate(config, str(tmp_path / "fedala"))
