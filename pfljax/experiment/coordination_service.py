@@ -33,7 +33,6 @@ def serve(address: str, num_processes: int, heartbeat_s: int, shutdown_s: int, p
     while os.getppid() == parent:
         time.sleep(0.5)
     time.sleep(linger)
-    del service
     os._exit(0)
 
 
