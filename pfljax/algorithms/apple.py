@@ -37,11 +37,12 @@ as p's gradient the mean over parameter tensors of mean(dloss/dw * c_j)
 proximal gradient is lambda mu (p - p0), half of the authors' (set mu to half of
 PFLlib's -mu for the same step), its lambda lags one round, and it takes p's
 gradient after the core's step (with the updated own core; here, as in the
-authors' autodiff, both from the same point). Not reproduced:
-PFLlib trains every client each round whatever the join ratio, one after the
-other on shared core objects (later clients see cores trained that round), and
-after its round a client shares a copy of its personalized model as its core
-model (`model_c = deepcopy(model)`), not the core it trained; the authors' code
+authors' autodiff, both from the same point). PFLlib trains its clients one after
+the other on shared core objects (later clients see cores trained that round),
+and after its round a client shares a copy of its personalized model as its core
+model (`model_c = deepcopy(model)`), not the core it trained: `sequential=True`
+(a scan over the participants in client-id order). Not reproduced: PFLlib trains
+every client each round whatever the join ratio; the authors' code
 uses SGD momentum 0.9 for cores and p, here `local.optimizer` for the core and
 plain SGD for p. All cores start from the same initial model (PFLlib's; the
 authors' code draws one per client). The authors' limited-bandwidth download
@@ -110,6 +111,7 @@ class APPLEHyper(NamedTuple):
     dr_gradient: str
     p_init: str
     scale_core_lr: bool
+    sequential: bool = False
 
 
 def schedule(hp: APPLEHyper, round_: jax.Array) -> jax.Array:
@@ -208,9 +210,28 @@ def client_update(hp: APPLEHyper, p0, lam, state: APPLEState, cid, p, data, key)
     return (core, personal, p), loss
 
 
+def train_in_turn(update, state: APPLEState, data: ClientData, part: Participants, p_rows):
+    """`sequential`: the participants train one after another in client-id order, each against
+    the cores as the ones before it left them (PFLlib's shared core objects); outputs in the
+    participants' order, as `map_clients` gives them."""
+
+    def one(cores, k):
+        cid = part.ids[k]
+        out, loss = update(
+            state._replace(client_core=cores), cid, p_rows[k], take(data.train, cid), part.client_key(cid)
+        )
+        cores = jax.tree.map(lambda stacked, row: stacked.at[cid].set(row), cores, out[0])
+        return cores, (out, loss)
+
+    order = jnp.argsort(part.ids)
+    outs, losses = jax.lax.scan(one, state.client_core, order)[1]
+    back = jnp.argsort(order)
+    return jax.tree.map(lambda x: x[back], outs), losses[back]
+
+
 def make_step(hp: APPLEHyper, client_map, model_bytes: int):
     """The round's step: every participant reads all C cores; the server stores the
-    participants' cores and DR vectors."""
+    participants' cores (with `sequential`, their personalized models) and DR vectors."""
 
     def step(state: APPLEState, data: ClientData, part: Participants):
         counts = data.train.count
@@ -218,9 +239,12 @@ def make_step(hp: APPLEHyper, client_map, model_bytes: int):
         lam = schedule(hp, state.round)
         p_rows = part.gather(current_p(hp, state, counts))
         update = functools.partial(client_update, hp, p0, lam)
-        (cores, personal, ps), losses = map_clients(update, client_map, state, data, part, p_rows)
+        if hp.sequential:
+            (cores, personal, ps), losses = train_in_turn(update, state, data, part, p_rows)
+        else:
+            (cores, personal, ps), losses = map_clients(update, client_map, state, data, part, p_rows)
         new_state = state._replace(
-            client_core=part.scatter(state.client_core, cores),
+            client_core=part.scatter(state.client_core, personal if hp.sequential else cores),
             client_personal=part.scatter(state.client_personal, personal),
             client_p=part.scatter(state.client_p, ps),
             client_rounds=state.client_rounds.at[part.ids].add(1),
@@ -294,6 +318,7 @@ def build(
     dr_gradient: str = "exact",
     p_init: str = "samples",
     scale_core_lr: bool = False,
+    sequential: bool = False,
 ) -> Algorithm:
     """APPLE: personalized models mixed from all core models by learned DR vectors.
 
@@ -309,6 +334,9 @@ def build(
       dr_gradient: "exact" (the paper's) or "leaf_mean" (PFLlib's) gradient in p.
       p_init: "samples" (p0, the paper's code) or "uniform" (1 / C, PFLlib's).
       scale_core_lr: multiply the core's gradient by C (PFLlib's learning rate x C).
+      sequential: PFLlib's code: participants train one after another (client-id order)
+        against the cores as the earlier ones left them, and each then shares its
+        personalized model as its core.
     """
     for name, value, allowed in (
         ("scheduler", scheduler, SCHEDULERS),
@@ -317,8 +345,9 @@ def build(
     ):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if not isinstance(scale_core_lr, bool):
-        raise ValueError(f"scale_core_lr must be True or False, got {scale_core_lr!r}")
+    for name, flag in (("scale_core_lr", scale_core_lr), ("sequential", sequential)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
     local = local.validate()
     cmap = as_client_map(client_map)
     hp = APPLEHyper(
@@ -332,6 +361,7 @@ def build(
         dr_gradient,
         p_init,
         scale_core_lr,
+        sequential,
     )
     model_bytes = P.tree_bytes(model.template())
     return Algorithm(

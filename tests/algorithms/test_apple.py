@@ -74,15 +74,21 @@ def exact_grads(own, p, cores, onehot, x, y, w, p0, coef):
     return jax.grad(loss, argnums=(0, 1))(own, p)
 
 
-def loop_round(cores, ps, personal, trained, data, key, r, dr_learning_rate, mu, L, leaf_mean=False):
+def loop_round(
+    cores, ps, personal, trained, data, key, r, dr_learning_rate, mu, L, leaf_mean=False, sequential=False
+):
     """Reference: each sampled client alone, ceil(n / B) SGD steps on its core and p; its
-    personalized model: the final core and p with the other cores of the round's start."""
+    personalized model: the final core and p with the other cores of the round's start.
+    `sequential`: the clients in id order, each against the cores as the earlier ones left
+    them; the next round's cores are the personalized models."""
     sample_key, train_key = round_keys(key, r)
     idx = [int(c) for c in sample_clients(sample_key, NUM, K)]
     lam = (np.cos(np.pi * r / L) + 1) / 2 if r < L else 0.0
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *cores)
     new_cores, new_ps, new_personal = list(cores), list(ps), list(personal)
-    for c in idx:
+    for c in sorted(idx) if sequential else idx:
+        if sequential:
+            cores = list(new_cores)
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *cores)
         own = cores[c]
         p = ps[c] if trained[c] else (np.full(NUM, 1.0 / NUM) if leaf_mean else P0)
         p = jnp.asarray(p, jnp.float32)
@@ -113,16 +119,19 @@ def loop_round(cores, ps, personal, trained, data, key, r, dr_learning_rate, mu,
             p = p - dr_learning_rate * gp
         new_cores[c], new_ps[c], new_personal[c] = own, np.asarray(p), mixed(own, p, cores, c)
         trained[c] = True
+    if sequential:
+        new_cores = [new_personal[c] if c in idx else new_cores[c] for c in range(NUM)]
     return new_cores, new_ps, new_personal, idx
 
 
-@pytest.mark.parametrize("variant", ["paper", "pfllib"])
+@pytest.mark.parametrize("variant", ["paper", "pfllib", "pfllib_sequential"])
 def test_round_equals_per_client_loop(variant):
     chex.clear_trace_counter()
     data = toy_data(COUNTS)
     kw = dict(dr_learning_rate=0.05, mu=0.5, L=3)
-    code = dict(dr_gradient="leaf_mean", p_init="uniform", scale_core_lr=True) if variant == "pfllib" else {}
-    alg = apple.build(MODEL, SPEC, clients_per_round=K, client_map="map", **kw, **code)
+    code = dict(dr_gradient="leaf_mean", p_init="uniform", scale_core_lr=True) if variant != "paper" else {}
+    sequential = variant == "pfllib_sequential"
+    alg = apple.build(MODEL, SPEC, clients_per_round=K, client_map="map", sequential=sequential, **kw, **code)
     state = alg.init(jax.random.key(0), None, NUM)
     # Distinct cores, so that the mixture matters.
     state = state._replace(
@@ -137,7 +146,16 @@ def test_round_equals_per_client_loop(variant):
     for r in range(2):
         state, metrics = rnd(state, data, jax.random.key(3))
         cores, ps, personal, idx = loop_round(
-            cores, ps, personal, trained, data, jax.random.key(3), r, leaf_mean=variant == "pfllib", **kw
+            cores,
+            ps,
+            personal,
+            trained,
+            data,
+            jax.random.key(3),
+            r,
+            leaf_mean=variant != "paper",
+            sequential=sequential,
+            **kw,
         )
         for c in range(NUM):
             chex.assert_trees_all_close(take(state.client_core, c)["params"], cores[c], rtol=1e-5, atol=1e-6)
