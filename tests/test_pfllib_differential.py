@@ -33,6 +33,26 @@ def in_subprocess(expression: str, path) -> object:
     return json.loads(proc.stdout)
 
 
+def write_pfljax_run(directory, accs, loss: float) -> None:
+    """A pfljax seed directory: metrics.jsonl with `accs` after rounds 1, 2, ... (2 s a round)."""
+    directory.mkdir(parents=True)
+    rows = [
+        {"round": r + 1, "mean_accuracy": a, "mean_loss": loss, "seconds": 2.0} for r, a in enumerate(accs)
+    ]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def run_differential(logs, work, *flags: str) -> str:
+    """The driver's stdout on PFLlib logs `logs` and the pfljax workdir `work` ("mine"), seeds 0 and 1."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.pfllib.pfllib_differential", f"--pfllib_logs={logs}",
+         f"--pfljax=mine={work}", "--seeds=0,1", *flags],  # fmt: skip
+        capture_output=True, text=True, cwd=ROOT, env=binary_env(), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
 def test_round_table_pairs_pfllib_evaluation_r_with_pfljax_round_r(tmp_path):
     logs, work = tmp_path / "logs", tmp_path / "pfljax"
     logs.mkdir()
@@ -41,19 +61,8 @@ def test_round_table_pairs_pfllib_evaluation_r_with_pfljax_round_r(tmp_path):
         text = "".join(ROUND.format(r=r, loss=2.0 - r / 10, acc=a) for r, a in enumerate(accs))
         (logs / f"pfllib_FedAvg_seed{s}.log").write_text(text + "Average time cost: 31.5s.\n")
     for s, accs in {0: [0.4, 0.6], 1: [0.4, 0.6]}.items():  # rounds 1, 2
-        d = work / "fedavg" / f"seed_{s}"
-        d.mkdir(parents=True)
-        rows = [
-            {"round": r + 1, "mean_accuracy": a, "mean_loss": 1.9, "seconds": 2.0} for r, a in enumerate(accs)
-        ]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.pfllib.pfllib_differential", f"--pfllib_logs={logs}",
-         f"--pfljax=mine={work}", "--seeds=0,1"],  # fmt: skip
-        capture_output=True, text=True, cwd=ROOT, env=binary_env(), timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+        write_pfljax_run(work / "fedavg" / f"seed_{s}", accs, 1.9)
+    out = run_differential(logs, work)
     # Round 1: PFLlib 40 +- 10, pfljax 40 +- 0 -> 0 units; round 2: 60 +- 10 vs 60 +- 0.
     assert "| 1 | 40.00 +- 10.00 | 40.00 +- 0.00 | +0.00 |" in out, out
     assert "| 2 | 60.00 +- 10.00 | 60.00 +- 0.00 | +0.00 |" in out, out
@@ -110,20 +119,8 @@ def test_fedgen_global_and_fd_personal_curves_only_the_methods_asked(tmp_path):
         (logs / f"pfllib_FD_seed{s}.log").write_text(fd + "Average time cost: 1s.\n")
         (logs / f"pfllib_FedAvg_seed{s}.log").write_text(fedgen + "Average time cost: 1s.\n")
         for algorithm, accs in (("fedgen", [0.5]), ("feddistill", [0.8, 0.9]), ("fedavg", [0.5])):
-            d = work / algorithm / f"seed_{s}"
-            d.mkdir(parents=True)
-            rows = [
-                {"round": r + 1, "mean_accuracy": a, "mean_loss": 1.0, "seconds": 2.0}
-                for r, a in enumerate(accs)
-            ]
-            (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.pfllib.pfllib_differential", f"--pfllib_logs={logs}",
-         f"--pfljax=mine={work}", "--seeds=0,1", "--methods=FD,FedGen"],  # fmt: skip
-        capture_output=True, text=True, cwd=ROOT, env=binary_env(), timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+            write_pfljax_run(work / algorithm / f"seed_{s}", accs, 1.0)
+    out = run_differential(logs, work, "--methods=FD,FedGen")
     assert "| FedGen | PFLlib | 2 | 1 | 50.00 +- 0.00 | 50.00 +- 0.00 |  |" in out, out
     assert "| FD | PFLlib | 2 | 1 | 80.00 +- 0.00 | 80.00 +- 0.00 |  |" in out, out
     # pfljax's FD ran a round more (0.9 after round 2): its best is taken over round 1, PFLlib's rounds.
