@@ -360,8 +360,8 @@ def define_distributed_flags() -> Callable[[], Distributed]:
         "cpu_devices",
         1,
         "CPU backend: expose this many host devices and shard the clients over them, N clients "
-        "side by side (one per core; faster for convnets with batches of 32, slower for small "
-        "models: BUILD.md 'Several devices')",
+        "side by side (one per core; faster for convnets with batches of 32 and for the char LSTM, "
+        "slower for small models: BUILD.md 'Several devices')",
     )
 
     def values() -> Distributed:
