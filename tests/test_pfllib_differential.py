@@ -70,6 +70,14 @@ def test_round_table_pairs_pfllib_evaluation_r_with_pfljax_round_r(tmp_path):
     assert "| 1 | 1.900 +- 0.000 | 1.900 +- 0.000 | +nan |" in out, out
     # Best over rounds 1..2: PFLlib 60 +- 10 (0.5 and 0.7), pfljax 60 +- 0.
     assert "| FedAvg | PFLlib | 2 | 2 | 40.00 +- 10.00 | 60.00 +- 10.00 |  |" in out, out
+    # A rerun of a seed linked as seed 7 joins PFLlib's side only: round 1 of 30, 50, 60.
+    rerun = "".join(ROUND.format(r=r, loss=1.0, acc=a) for r, a in enumerate([0.1, 0.6, 0.9]))
+    (logs / "pfllib_FedAvg_seed7.log").write_text(rerun + "Average time cost: 31.5s.\n")
+    out = run_differential(logs, work, "--pfllib_seeds=0,1,7")
+    # 46.67 +- 12.47 against 40 +- 0: (40 - 46.67) / sqrt(12.47^2 / 2) = -0.76 units.
+    assert "| 1 | 46.67 +- 12.47 | 40.00 +- 0.00 | -0.76 |" in out, out
+    assert "| FedAvg | PFLlib | 3 | 2 | 46.67 +- 12.47 |" in out, out
+    assert "| FedAvg | pfljax (mine) | 2 | 2 |" in out, out
 
 
 def test_fedcp_log_personal_accuracy_and_its_dashed_round_seconds(tmp_path):

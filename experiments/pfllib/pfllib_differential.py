@@ -33,6 +33,9 @@ excluded) of `experiments.compare` workdirs.
 Spread: std over seeds with ddof 0 (PFLlib's np.std); a difference in seed-spread units is
 (pfljax mean - PFLlib mean) / sqrt((sd_pfljax^2 + sd_pfllib^2) / 2). A pfljax curve longer than
 PFLlib's has its best taken over PFLlib's rounds (the per-round tables and the figure show it all).
+PFLlib's runs of one seed differ run to run (experiments/results/pfllib_differential.md):
+`--pfllib_seeds=0,1,2,10,11,12`, with reruns linked as seeds 10-12, compares pfljax's seeds
+with all six PFLlib runs.
 """
 
 from __future__ import annotations
@@ -67,6 +70,12 @@ ROUND_SECONDS = re.compile(r"time cost -+ ([0-9.]+)|^-{25,} ([0-9.]+)$")
 _LOGS = flags.DEFINE_string("pfllib_logs", "/work/pfllib_run/logs", "directory of pfllib_<Algo>_seed<s>.log")
 _PFLJAX = flags.DEFINE_multi_string("pfljax", [], "LABEL=compare workdir (repeatable)")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds of both sides")
+_PFLLIB_SEEDS = flags.DEFINE_list(
+    "pfllib_seeds",
+    None,
+    "the PFLlib runs to read (default: --seeds); reruns of a seed linked under other numbers pool "
+    "PFLlib's run-to-run spread",
+)
 _PNG = flags.DEFINE_string("png", "", "write the curves here")
 _METHODS = flags.DEFINE_list("methods", list(METHODS), "PFLlib names of the methods to tabulate and draw")
 _PARTIAL = flags.DEFINE_bool("partial", False, "also read unfinished PFLlib runs (cut to the shortest)")
@@ -100,9 +109,9 @@ def parse_pfllib_log(path: str) -> dict:
     return out
 
 
-def pfllib_runs(logs: str, method: str, seeds: list[str]) -> list[dict]:
+def pfllib_runs(logs: str, method: str) -> list[dict]:
     runs = []
-    for s in seeds:
+    for s in _PFLLIB_SEEDS.value or _SEEDS.value:
         path = os.path.join(logs, f"pfllib_{method}_seed{s}.log")
         if not os.path.exists(path):
             continue
@@ -155,7 +164,7 @@ def sides(method: str, loss: bool = False) -> dict[str, np.ndarray]:
     """{"PFLlib": seeds x (R+1) (evaluation 0..R), label: seeds x R (rounds 1..R)} of the
     accuracy, or with `loss` of the loss (PFLlib: train rows, pfljax: test rows)."""
     out = {}
-    runs = pfllib_runs(_LOGS.value, method, _SEEDS.value)
+    runs = pfllib_runs(_LOGS.value, method)
     if runs:
         out["PFLlib"] = curve_matrix([r["train_loss" if loss else CURVE[method]] for r in runs])
     for spec in _PFLJAX.value:
@@ -230,7 +239,7 @@ def curve_table() -> list[str]:
 def ditto_global_table() -> list[str]:
     if "Ditto" not in selected():
         return []
-    runs = pfllib_runs(_LOGS.value, "Ditto", _SEEDS.value)
+    runs = pfllib_runs(_LOGS.value, "Ditto")
     if not runs:
         return []
     g = curve_matrix([r["global"] for r in runs])
@@ -253,7 +262,7 @@ def seconds_table() -> list[str]:
         "| --- | --- |" + " --- |" * len(_PFLJAX.value),
     ]
     for method in selected():
-        runs = pfllib_runs(_LOGS.value, method, _SEEDS.value)
+        runs = pfllib_runs(_LOGS.value, method)
         per = [f"seed {r['seed']}: {np.mean(r['seconds'][1:]):.0f}" for r in runs if len(r["seconds"]) > 1]
         cells = []
         for spec in _PFLJAX.value:
