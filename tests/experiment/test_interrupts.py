@@ -11,11 +11,12 @@ from pfljax.experiment.interrupts import Interrupted
 
 
 def test_outside_a_run_loop_a_signal_stops_at_once_with_its_exit_code():
+    before = signal.getsignal(signal.SIGINT)  # Python's handler, or SIG_IGN in a background job
     with interrupts.handled_signals():
         with pytest.raises(Interrupted) as e:
             os.kill(os.getpid(), signal.SIGTERM)
     assert e.value.exit_code == 143 and e.value.name == "SIGTERM" and e.value.round is None
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
 def test_inside_a_run_loop_the_first_signal_is_a_request_and_the_second_stops_at_once():
@@ -40,9 +41,15 @@ def test_a_critical_write_finishes_before_a_signal_acts():
 
 
 def test_without_the_handlers_signals_keep_pythons_behaviour():
-    with pytest.raises(KeyboardInterrupt):
-        with interrupts.deferred():
-            os.kill(os.getpid(), signal.SIGINT)
+    # Python's own SIGINT handler, also where the process started with SIGINT ignored (a job
+    # a non-interactive shell sent to the background).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_compare_names_the_run_in_flight_and_the_runs_completed():
