@@ -12,6 +12,7 @@ from pfljax.experiment.interrupts import Interrupted
 
 def test_outside_a_run_loop_a_signal_stops_at_once_with_its_exit_code():
     before = signal.getsignal(signal.SIGINT)  # Python's handler, or SIG_IGN in a background job
+    assert before in (signal.default_int_handler, signal.SIG_IGN)
     with interrupts.handled_signals():
         with pytest.raises(Interrupted) as e:
             os.kill(os.getpid(), signal.SIGTERM)
