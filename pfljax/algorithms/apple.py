@@ -40,8 +40,10 @@ gradient after the core's step (with the updated own core; here, as in the
 authors' autodiff, both from the same point). PFLlib trains its clients one after
 the other on shared core objects (later clients see cores trained that round),
 and after its round a client shares a copy of its personalized model as its core
-model (`model_c = deepcopy(model)`), not the core it trained: `sequential=True`
-(a scan over the participants in client-id order). Not reproduced: PFLlib trains
+model (`model_c = deepcopy(model)`), not the core it trained; that personalized
+model (also what PFLlib evaluates) is the mix its last step was taken at, formed
+before that step's core update (`aggregate_parameters` at the start of each step):
+`sequential=True` (a scan over the participants in client-id order). Not reproduced: PFLlib trains
 every client each round whatever the join ratio; the authors' code
 uses SGD momentum 0.9 for cores and p, here `local.optimizer` for the core and
 plain SGD for p. All cores start from the same initial model (PFLlib's; the
@@ -51,9 +53,10 @@ C - 1 other cores.
 
 Evaluation: each client's personalized model as it holds it after its last round,
 its final core and p with the other cores as it downloaded them (the authors'
-ClientNet, PFLlib's `self.model`); the cores other participants trained in the same
-round enter at its next round (mixing the new cores without the client's p
-adapting to them can be far worse: they moved for other clients' data). A client's
+ClientNet; with `sequential`, PFLlib's `self.model`, the mix of its last step); the
+cores other participants trained in the same round enter at its next round (mixing
+the new cores without the client's p adapting to them can be far worse: they moved
+for other clients' data). A client's
 p_i is its stored row once it has trained, else the `p_init` row (from the train
 sizes). `collaboration_matrix`: |p_i| normalized (rows never trained: uniform).
 Only the "params" collection is mixed; other collections (BatchNorm statistics)
@@ -153,11 +156,12 @@ def dr_gradient(hp: APPLEHyper, cores: Any, own_delta: Any, grad: Any, cid) -> j
     return total / len(leaves) if hp.dr_gradient == "leaf_mean" else total
 
 
-def local_train(hp: APPLEHyper, cores: Any, cid, core_vars: Any, p, p0, lam, data, key):
+def local_train(hp: APPLEHyper, cores: Any, cid, core_vars: Any, held: Any, p, p0, lam, data, key):
     """ONE client's local steps on the core batch schedule: its core c_i (through
     `local.optimizer`) and p (plain SGD) on loss(sum_j p_j c_j) + lam mu ||p - p0||^2.
     Returns (core variables, personalized variables, p, mean loss): the personalized
-    model of the final core and p with the other cores as downloaded."""
+    model of the final core and p with the other cores as downloaded; with `sequential`,
+    PFLlib's: the mix its last step was taken at (`held`, the params it held, if none)."""
     spec = hp.local
     n_max = data.x.shape[0]
     stored = cores["params"]
@@ -175,7 +179,7 @@ def local_train(hp: APPLEHyper, cores: Any, cid, core_vars: Any, p, p0, lam, dat
     value_and_grad = jax.value_and_grad(loss_of, has_aux=True)
 
     def step(carry, s):
-        params, rest, opt_state, p, order = carry
+        params, rest, opt_state, p, _, order = carry
         order, rows, weights, active = local_batch(spec, key, s, data.count, n_max, orders, order)
         xb, yb = data.x[rows], data.y[rows]
         delta = jax.tree.map(jnp.subtract, params, own0)
@@ -189,24 +193,25 @@ def local_train(hp: APPLEHyper, cores: Any, cid, core_vars: Any, p, p0, lam, dat
             {**rest, **updates},
             new_opt,
             p - hp.dr_learning_rate * p_grad,
+            w,
         )
-        kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, (params, rest, opt_state, p))
+        kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry[:-1])
         return (*kept, order), loss, active
 
     order0 = first_order(spec, key, data.count, n_max, orders)
-    (params, rest, _, p, _), mean_loss = run_steps(
-        spec, data.count, n_max, step, (params, rest, opt_state, p, order0)
+    (params, rest, _, p, last_w, _), mean_loss = run_steps(
+        spec, data.count, n_max, step, (params, rest, opt_state, p, held, order0)
     )
     delta = jax.tree.map(jnp.subtract, params, own0)
     personal = jax.tree.map(lambda m, d: m + p[cid] * d, personalized_params(p, stored), delta)
-    return {**rest, "params": params}, {**rest, "params": personal}, p, mean_loss
+    return {**rest, "params": params}, {**rest, "params": last_w if hp.sequential else personal}, p, mean_loss
 
 
 def client_update(hp: APPLEHyper, p0, lam, state: APPLEState, cid, p, data, key):
     """ONE client: its core and DR vector trained against the round's cores; returns
     ((core, personalized model, p), loss)."""
-    own = take(state.client_core, cid)
-    core, personal, p, loss = local_train(hp, state.client_core, cid, own, p, p0, lam, data, key)
+    own, held = take((state.client_core, state.client_personal["params"]), cid)
+    core, personal, p, loss = local_train(hp, state.client_core, cid, own, held, p, p0, lam, data, key)
     return (core, personal, p), loss
 
 
@@ -335,8 +340,8 @@ def build(
       p_init: "samples" (p0, the paper's code) or "uniform" (1 / C, PFLlib's).
       scale_core_lr: multiply the core's gradient by C (PFLlib's learning rate x C).
       sequential: PFLlib's code: participants train one after another (client-id order)
-        against the cores as the earlier ones left them, and each then shares its
-        personalized model as its core.
+        against the cores as the earlier ones left them; each one's personalized model is
+        the mix its last step was taken at, and it shares that model as its core.
     """
     for name, value, allowed in (
         ("scheduler", scheduler, SCHEDULERS),

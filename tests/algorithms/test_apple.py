@@ -79,8 +79,9 @@ def loop_round(
 ):
     """Reference: each sampled client alone, ceil(n / B) SGD steps on its core and p; its
     personalized model: the final core and p with the other cores of the round's start.
-    `sequential`: the clients in id order, each against the cores as the earlier ones left
-    them; the next round's cores are the personalized models."""
+    `sequential` (PFLlib's code): the clients in id order, each against the cores as the
+    earlier ones left them; its personalized model is the mix its last step was taken at
+    (PFLlib's `self.model`), and the next round's cores are the personalized models."""
     sample_key, train_key = round_keys(key, r)
     idx = [int(c) for c in sample_clients(sample_key, NUM, K)]
     lam = (np.cos(np.pi * r / L) + 1) / 2 if r < L else 0.0
@@ -93,7 +94,9 @@ def loop_round(
         p = ps[c] if trained[c] else (np.full(NUM, 1.0 / NUM) if leaf_mean else P0)
         p = jnp.asarray(p, jnp.float32)
         d, ck = take(data.train, c), client_key(train_key, c)
+        last_mix = personal[c]
         for s in range(-(-COUNTS[c] // B)):
+            last_mix = mixed(own, p, cores, c)
             rows, w = stream_batch(ck, jnp.int32(s), d.count, d.x.shape[0], B)
             x, y = d.x[rows], d.y[rows]
             if leaf_mean:  # PFLlib: per-tensor means, core learning rate x C
@@ -117,7 +120,8 @@ def loop_round(
                 )
             own = jax.tree.map(lambda a, g: a - LR * g, own, g_own)
             p = p - dr_learning_rate * gp
-        new_cores[c], new_ps[c], new_personal[c] = own, np.asarray(p), mixed(own, p, cores, c)
+        new_cores[c], new_ps[c] = own, np.asarray(p)
+        new_personal[c] = last_mix if sequential else mixed(own, p, cores, c)
         trained[c] = True
     if sequential:
         new_cores = [new_personal[c] if c in idx else new_cores[c] for c in range(NUM)]
