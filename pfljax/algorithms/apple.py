@@ -193,14 +193,14 @@ def local_train(hp: APPLEHyper, cores: Any, cid, core_vars: Any, held: Any, p, p
             {**rest, **updates},
             new_opt,
             p - hp.dr_learning_rate * p_grad,
-            w,
+            w if hp.sequential else None,  # the mix this step was taken at (sequential)
         )
         kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry[:-1])
         return (*kept, order), loss, active
 
     order0 = first_order(spec, key, data.count, n_max, orders)
     (params, rest, _, p, last_w, _), mean_loss = run_steps(
-        spec, data.count, n_max, step, (params, rest, opt_state, p, held, order0)
+        spec, data.count, n_max, step, (params, rest, opt_state, p, held if hp.sequential else None, order0)
     )
     delta = jax.tree.map(jnp.subtract, params, own0)
     personal = jax.tree.map(lambda m, d: m + p[cid] * d, personalized_params(p, stored), delta)
