@@ -29,13 +29,14 @@ client's own head g(f(x)).
 Paper vs code: the paper's Eq. 5 is (1/|N_j|) sum_i (|D_ij| / N_j) C_ij; the
 factor 1/|N_j| would shrink every prototype by the number of clients that hold
 the class, so the default is the objective's weights |D_ij| / N_j, which sum to
-one; the code's plain mean over clients is `weighting="uniform"`. PFLlib's server
-replaces the prototype set with the round's aggregate (a class no participant
-holds loses its prototype); the same under PFLlib's full participation, here it
-keeps its last value. The authors' code collects the last local epoch's features,
-PFLlib's every epoch's (here every step's: the same at PFLlib's 1 epoch). The
-optimizer is `local`'s (the authors': SGD lr 0.01 momentum 0.5, batch 8; PFLlib's
-FMNIST protocol: SGD lr 0.005, batch 10).
+one; the code's plain mean over clients is `weighting="uniform"`. A class no
+participant of the round holds keeps its last prototype (`absent_classes="keep"`;
+the paper does not say); PFLlib's server replaces the prototype set with the
+round's aggregate, so such a class loses its prototype until a participant holds
+it again: `absent_classes="drop"` (the same under PFLlib's full participation). The
+authors' code collects the last local epoch's features, PFLlib's every epoch's (here
+every step's: the same at PFLlib's 1 epoch). The optimizer is `local`'s (the authors':
+SGD lr 0.01 momentum 0.5, batch 8; PFLlib's FMNIST protocol: SGD lr 0.005, batch 10).
 
 Not implemented: the model-heterogeneous setting (every client trains the same
 architecture here); prediction restricted to the client's own classes (the
@@ -121,11 +122,15 @@ def make_class_sums_train(local: LocalTraining, objective: Callable, num_classes
     return train
 
 
+ABSENT_CLASSES = ("keep", "drop")
+
+
 class FedProtoHyper(NamedTuple):
-    """The local trainer and the server's weighting."""
+    """The local trainer, the server's weighting and what it does with absent classes."""
 
     train: Callable
     weighting: str
+    absent_classes: str = "keep"
 
 
 def proto_objective(model: Model, head: str, lam, params, rest, context, xb, yb, wb):
@@ -162,13 +167,15 @@ def client_update(hp: FedProtoHyper, state: FedProtoState, cid, model_vars, data
 
 
 def server_update(hp: FedProtoHyper, state: FedProtoState, outputs, part: Participants):
-    """The participants' models stored; each class seen this round gets its new prototype."""
+    """The participants' models stored; each class seen this round gets its new prototype,
+    the others keep theirs ("keep") or lose them ("drop")."""
     models, sums, counts = outputs
     protos, seen = aggregate_prototypes(sums, counts, hp.weighting)
-    mask = state.global_mask | seen
+    keep = hp.absent_classes == "keep"
+    mask = state.global_mask | seen if keep else seen
     return state._replace(
         client_models=part.scatter(state.client_models, models),
-        global_protos=jnp.where(seen[:, None], protos, state.global_protos),
+        global_protos=jnp.where(seen[:, None], protos, state.global_protos if keep else 0.0),
         global_mask=mask,
     ), {"prototype_classes": jnp.sum(mask).astype(jnp.float32)}
 
@@ -227,6 +234,7 @@ def build(
     client_map: ClientMap | str | None = "auto",
     lam: float = 1.0,
     weighting: str = "samples",
+    absent_classes: str = "keep",
 ) -> Algorithm:
     """FedProto: personal models regularized towards global class prototypes.
 
@@ -235,10 +243,14 @@ def build(
       weighting: the server's mean of a class's prototypes: "samples" (by class count,
         the paper's) or "uniform" (plain mean over the clients holding it, the code's);
         also the weights of the reported train loss.
+      absent_classes: a class no participant of the round holds "keep"s its last prototype
+        or "drop"s it (PFLlib's code).
       Others: as fedavg.build. Classification only (`local.loss` "cross_entropy");
       the model's last layer must be one Dense.
     """
     check_weighting(weighting)
+    if absent_classes not in ABSENT_CLASSES:
+        raise ValueError(f"absent_classes must be one of {ABSENT_CLASSES}, got {absent_classes!r}")
     local = local.validate()
     if get_loss(local.loss).name != "cross_entropy":
         raise ValueError(f"FedProto needs local.loss 'cross_entropy', got {get_loss(local.loss).name!r}")
@@ -246,7 +258,7 @@ def build(
     head = linear_head(model, "FedProto")
     objective = functools.partial(proto_objective, model, head, lam)
     k, d = model.num_outputs, feature_dim(model, head)
-    hp = FedProtoHyper(make_class_sums_train(local, objective, k, d), weighting)
+    hp = FedProtoHyper(make_class_sums_train(local, objective, k, d), weighting, absent_classes)
     step = client_step(
         functools.partial(client_update, hp), functools.partial(server_update, hp), cmap, "client_models"
     )

@@ -1,6 +1,6 @@
 """FedProto: the round against a per-client loop over the MLP written out by hand; prototypes in
-closed form (pooled mean, mean of client means); classes nobody saw keep theirs; nearest-prototype
-evaluation; bad options; it learns."""
+closed form (pooled mean, mean of client means); classes nobody saw keep theirs (or drop them);
+nearest-prototype evaluation; bad options; it learns."""
 
 import chex
 import jax
@@ -100,9 +100,9 @@ def test_prototypes_in_closed_form():
         [np.asarray(feats(row(init.client_models, i)["params"], data.train.x[i])) for i in range(NUM)]
     )
     real = np.arange(y.shape[1])[None, :] < np.asarray(COUNTS)[:, None]
-    for weighting in ("samples", "uniform"):
-        alg = fedproto.build(MODEL, spec, weighting=weighting)
-        kept = init._replace(global_protos=jnp.full((3, 8), 7.0), global_mask=jnp.array([False, False, True]))
+    kept = init._replace(global_protos=jnp.full((3, 8), 7.0), global_mask=jnp.array([False, False, True]))
+    for weighting, absent in (("samples", "keep"), ("uniform", "keep"), ("samples", "drop")):
+        alg = fedproto.build(MODEL, spec, weighting=weighting, absent_classes=absent)
         for start in (init, kept):
             state, _ = jax.jit(alg.round)(start, data, jax.random.key(1))
             for j in (0, 1):
@@ -112,9 +112,10 @@ def test_prototypes_in_closed_form():
                 else:  # the code's: the plain mean of the clients' means
                     want = np.mean([z[i][rows[i]].mean(0) for i in range(NUM) if rows[i].any()], 0)
                 np.testing.assert_allclose(state.global_protos[j], want, rtol=1e-5, atol=1e-6)
-            # Class 2: nobody saw it; it keeps what it had (a prototype, or none).
-            np.testing.assert_array_equal(state.global_protos[2], start.global_protos[2])
-            np.testing.assert_array_equal(state.global_mask, [True, True, bool(start.global_mask[2])])
+            # Class 2: nobody saw it; it keeps what it had (a prototype, or none), or loses it ("drop").
+            had = bool(start.global_mask[2]) and absent == "keep"
+            np.testing.assert_array_equal(state.global_protos[2], start.global_protos[2] if had else 0.0)
+            np.testing.assert_array_equal(state.global_mask, [True, True, had])
         chex.assert_trees_all_equal(state.client_models, init.client_models)  # lr 0
 
 
@@ -159,5 +160,7 @@ def test_bad_options():
         fedproto.build(MODEL, SPEC, lam=-1.0)
     with pytest.raises(ValueError, match="weighting must be one of"):
         fedproto.build(MODEL, SPEC, weighting="clients")
+    with pytest.raises(ValueError, match="absent_classes must be one of"):
+        fedproto.build(MODEL, SPEC, absent_classes="forget")
     with pytest.raises(ValueError, match="cross_entropy"):
         fedproto.build(MODEL, SPEC._replace(loss="mse"))
