@@ -26,7 +26,8 @@ def test_each_algorithm_is_timed_against_fedavg_on_the_same_clients():
     for r in rows:
         assert r["clients"] == 4 and r["backend"] == "cpu"
         assert 0 < r["best_s"] <= r["round_s"] and r["compile_s"] > 0
-        assert abs(r["over_fedavg"] - r["round_s"] / base) < 0.01 * r["over_fedavg"] + 2e-3
+        # over_fedavg (3 decimals) from the unrounded times; round_s and base carry 6 decimals
+        assert abs(r["over_fedavg"] - r["round_s"] / base) <= 1e-3 + 1e-6 * (1 + r["over_fedavg"]) / base
     assert rows[0]["over_fedavg"] == 1.0
 
 

@@ -51,8 +51,8 @@ def rows(algs: dict, data, repeats: int) -> list[dict]:
     return [
         {
             "algorithm": name,
-            "round_s": round(t["round_s"], 4),
-            "best_s": round(t["best_s"], 4),
+            "round_s": round(t["round_s"], 6),
+            "best_s": round(t["best_s"], 6),
             "compile_s": round(t["compile_s"], 2),
             "over_fedavg": round(t["round_s"] / base, 3),
             "clients": int(data.train.count.shape[0]),
