@@ -33,7 +33,7 @@ def test_each_algorithm_is_timed_against_fedavg_on_the_same_clients():
 
 def test_bad_flags_get_one_line_and_exit_2():
     for args, words in (
-        (["--algorithms=fedavgg"], "--algorithms: ['fedavgg'] not among"),
+        (["--algorithms=fedavgg"], "--algorithms: 'fedavgg' is not an algorithm (did you mean 'fedavg'"),
         (["--repeats=0"], "--repeats must be an integer >= 1"),
         (["--config.local_epochs=-1"], "local_epochs"),
     ):

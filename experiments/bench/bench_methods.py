@@ -65,11 +65,15 @@ def rows(algs: dict, data, repeats: int) -> list[dict]:
 def check_flags() -> list[str]:
     """The algorithms to time, FedAvg first; one line and exit 2 for a bad flag."""
     from pfljax import algorithms  # pylint: disable=import-outside-toplevel
+    from pfljax.experiment.config import close_names  # pylint: disable=import-outside-toplevel
 
     names = ["fedavg"] + [a for a in _ALGORITHMS.value if a != "fedavg"]
-    unknown = [a for a in names if a not in algorithms.available()]
-    if unknown:
-        fail(f"--algorithms: {unknown} not among {', '.join(algorithms.available())}")
+    for name in names:
+        if name not in algorithms.available():
+            fail(
+                f"--algorithms: {name!r} is not an algorithm{close_names(name, algorithms.available())}; "
+                f"allowed: {', '.join(algorithms.available())}"
+            )
     if _REPEATS.value < 1:
         fail(f"--repeats must be an integer >= 1, got {_REPEATS.value}")
     return names
