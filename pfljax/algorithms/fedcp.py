@@ -26,7 +26,7 @@ one call earlier.
 Options: `lam` (lambda, the MMD weight; default 1.0, PFLlib main.py's `-lam`; the authors'
 FedCP repository runs MNIST with `-lam 5`; the paper's own value could not be read here),
 `tau` (the Gumbel-Softmax temperature, 1.0: the code's), `head_upload_weight`,
-`initial_context` and `inference_noise` (below).
+`initial_context`, `inference_noise` and `send_global` (below).
 
 Paper vs code (PFLlib's clientcp / servercp; the authors' FedCP repository has the same code):
 - `head_upload_weight=1.0` (default, the paper's: its overview figure, in the authors' slides,
@@ -41,10 +41,12 @@ Paper vs code (PFLlib's clientcp / servercp; the authors' FedCP repository has t
   softmax(logits / tau). The noise is drawn per client (its id) and test row from the
   evaluation key. Training noise: per step from the client's round key (its own stream,
   apart from the batch order).
-- PFLlib sends the new global head and CPN to the round's participants only (the extractor to
-  all): a client that sat out keeps a stale head and CPN. Here every participant starts from
-  the latest ones (what the server holds); the same under full participation (PFLlib's FMNIST
-  protocol).
+- `send_global="all"` (default): every client starts its next local training from, and is
+  evaluated with, the latest global head and CPN (what the server holds). PFLlib sends them to
+  the round's participants only (the extractor to all): a client that sat out keeps the ones it
+  last received, trains from them when it next takes part (its upload mixing its stale W) and is
+  evaluated with them: "participants" (each client's copy kept in the state, [C, ...]). The two
+  are the same under full participation (PFLlib's FMNIST protocol).
 - The optimizer is `local.optimizer`, fresh each round, over the extractor, personalized head
   and CPN (PFLlib's one persistent SGD over them: the same for plain SGD). BatchNorm
   statistics travel with the extractor (PFLlib averages parameters only); the frozen copy runs
@@ -84,6 +86,7 @@ BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # PFLlib's rbf MMD: sum of exp(-0.5 * ||a
 NORMALIZE_EPS = 1e-12  # torch's F.normalize
 LAYER_NORM_EPS = 1e-5  # torch's nn.LayerNorm
 INITIAL_CONTEXTS = ("head", "random")
+SEND_GLOBAL = ("all", "participants")
 
 
 class FedCPState(NamedTuple):
@@ -92,6 +95,8 @@ class FedCPState(NamedTuple):
     client_heads: Any  # personalized heads W_i ({"kernel", "bias"} [C, ...])
     client_context: jax.Array  # [C, d] contexts before normalization
     round: jax.Array
+    # send_global="participants": each client's last received (global head W, CPN) [C, ...]; else None
+    client_received: Any = None
 
 
 class FedCPHyper(NamedTuple):
@@ -105,6 +110,7 @@ class FedCPHyper(NamedTuple):
     head_upload_weight: float
     initial_context: str
     inference_noise: bool
+    send_global: str
 
 
 def init_cpn(key: jax.Array, d: int) -> dict:
@@ -225,13 +231,15 @@ def noise_stream(key: jax.Array) -> jax.Array:
 
 
 def client_update(hp: FedCPHyper, state: FedCPState, cid, own, data, key):
-    """ONE client: the local steps from the global extractor and CPN and its own head, with the
-    global head and the received extractor frozen. Returns ((extractor + uploaded head, CPN),
-    personalized head, its context, mean MMD), mean CE."""
-    head, context = own
+    """ONE client: the local steps from the global extractor, the CPN and its own head, with the
+    global head and the received extractor frozen (head and CPN: the server's, or with
+    `client_received` the client's last received ones). Returns ((extractor + uploaded head,
+    CPN), personalized head, its context, mean MMD), mean CE."""
+    head, context, received = own
     body, global_head = take_head(state.global_params, hp.head)
+    global_head, cpn = (global_head, state.cpn) if received is None else received
     rest = {k: v for k, v in body.items() if k != "params"}
-    start = {"base": body["params"], "head": head, "cpn": state.cpn}
+    start = {"base": body["params"], "head": head, "cpn": cpn}
     fixed = {"global_head": global_head, "context": context, "frozen": body}
     params, rest, ce, dist = local_train(hp, start, rest, fixed, data, key)
     w = hp.head_upload_weight
@@ -240,23 +248,30 @@ def client_update(hp: FedCPHyper, state: FedCPState, cid, own, data, key):
     return ((trained, params["cpn"]), params["head"], context_of(params["head"]), dist), ce
 
 
-def server_update(state: FedCPState, outputs, part: Participants):
+def server_update(hp: FedCPHyper, state: FedCPState, outputs, part: Participants):
     """Extractor, global head and CPN: the weighted mean of the uploads; personalized heads and
-    their contexts stored; the participants' mean MMD."""
+    their contexts stored; with `client_received` the new head and CPN sent to the
+    participants only; the participants' mean MMD."""
     upload, heads, contexts, dist = outputs
     (global_params, cpn), metrics = part.average(upload, (state.global_params, state.cpn))
+    received = state.client_received
+    if received is not None:
+        sent = (take_head(global_params, hp.head)[1], cpn)
+        received = part.scatter(received, broadcast(sent, part.k))
     new = state._replace(
         global_params=global_params,
         cpn=cpn,
         client_heads=part.scatter(state.client_heads, heads),
         client_context=part.scatter(state.client_context, contexts),
+        client_received=received,
     )
     return new, {"mmd": part.mean(dist), **metrics}
 
 
 def init(hp: FedCPHyper, key, params_template=None, num_clients: int = 1) -> FedCPState:
     """The model (its head the global head), every personalized head a copy of its head, the CPN
-    at torch's init, contexts from the heads ("head") or uniform in [0, 1) ("random")."""
+    at torch's init, contexts from the heads ("head") or uniform in [0, 1) ("random"); with
+    send_global="participants" every client holding the initial head and CPN."""
     variables = hp.model.initial(key, params_template)
     head = variables["params"][hp.head]
     d = feature_dim(hp.model, hp.head)
@@ -265,20 +280,24 @@ def init(hp: FedCPHyper, key, params_template=None, num_clients: int = 1) -> Fed
     else:
         context = jax.random.uniform(jax.random.fold_in(key, 2), (num_clients, d), jnp.float32)
     cpn = init_cpn(jax.random.fold_in(key, 1), d)
-    return FedCPState(variables, cpn, broadcast(head, num_clients), context, jnp.zeros([], jnp.int32))
+    received = broadcast((head, cpn), num_clients) if hp.send_global == "participants" else None
+    heads = broadcast(head, num_clients)
+    return FedCPState(variables, cpn, heads, context, jnp.zeros([], jnp.int32), received)
 
 
 def evaluate(hp: FedCPHyper, client_map, state: FedCPState, data: ClientData, key):
     """Each client's W_i(s * h) + W(r * h) on its test rows, with the global extractor, head and
-    CPN and its own head and context; Gumbel noise (`inference_noise`) of test row j of client c
-    from fold_in(fold_in(key, c), j)."""
+    CPN (or with `client_received` its own last received head and CPN) and its own head and
+    context; Gumbel noise (`inference_noise`) of test row j of client c from
+    fold_in(fold_in(key, c), j)."""
     body, global_head = take_head(state.global_params, hp.head)
     test, n_max = data.test, max_rows(data.test)
     d = feature_dim(hp.model, hp.head)
 
     def one(c):
-        head, context = take((state.client_heads, state.client_context), c)
-        parts = {"head": head, "global_head": global_head, "cpn": state.cpn, "context": context}
+        head, context, received = take((state.client_heads, state.client_context, state.client_received), c)
+        shared_head, cpn = (global_head, state.cpn) if received is None else received
+        parts = {"head": head, "global_head": shared_head, "cpn": cpn, "context": context}
         client_key = jax.random.fold_in(key, data.client_id(c))
 
         def sums(x, yr, valid):
@@ -319,6 +338,7 @@ def build(
     head_upload_weight: float = 1.0,
     initial_context: str = "head",
     inference_noise: bool = True,
+    send_global: str = "all",
     weighting: str = "samples",
     privacy: ClientDP | None = None,
 ) -> Algorithm:
@@ -331,6 +351,8 @@ def build(
       initial_context: "head" (the paper's, from the personalized head) or "random" (PFLlib's
         uniform vector until a client's first participation).
       inference_noise: Gumbel noise in the policy at evaluation (PFLlib's), else the soft policy.
+      send_global: who receives the new global head and CPN: "all" (default) or "participants"
+        (PFLlib's code: a client that sat out keeps the ones it last received).
       Others: as fedavg.build; `local` sets the optimizer and schedule of the extractor,
         personalized head and CPN. Classification only (`local.loss` "cross_entropy").
     """
@@ -342,14 +364,22 @@ def build(
         raise ValueError(f"initial_context must be one of {INITIAL_CONTEXTS}, got {initial_context!r}")
     if not isinstance(inference_noise, bool):
         raise ValueError(f"inference_noise must be True or False, got {inference_noise!r}")
+    if send_global not in SEND_GLOBAL:
+        raise ValueError(f"send_global must be one of {SEND_GLOBAL}, got {send_global!r}")
+    if privacy is not None and send_global == "participants":
+        raise ValueError(
+            "send_global='participants' cannot be used with client-level DP: the clients start from "
+            "different heads and CPNs, so their updates have no common reference; use send_global='all'"
+        )
     head = linear_head(model, "FedCP")
-    hp = FedCPHyper(model, head, local, lam, tau, head_upload_weight, initial_context, inference_noise)
+    options = (lam, tau, head_upload_weight, initial_context, inference_noise, send_global)
+    hp = FedCPHyper(model, head, local, *options)
     cmap = as_client_map(client_map)
     step = client_step(
         functools.partial(client_update, hp),
-        server_update,
+        functools.partial(server_update, hp),
         cmap,
-        lambda state, part: part.gather((state.client_heads, state.client_context)),
+        lambda state, part: part.gather((state.client_heads, state.client_context, state.client_received)),
     )
     d = feature_dim(model, head)
     shared_bytes = P.tree_bytes(model.template()) + P.tree_bytes(

@@ -12,6 +12,7 @@ import pytest
 from pfljax.algorithms import fedcp
 from pfljax.core.clients import client_key, round_keys, take
 from pfljax.core.local import LocalTraining
+from pfljax.core.privacy import ClientDP
 from pfljax.core.sampling import sample_clients
 from pfljax.models import build_model
 from tests.algorithms.fast_compile import fast_compile  # noqa: F401  (autouse)
@@ -89,14 +90,20 @@ def weighted(trees, w):
     return jax.tree.map(lambda *vs: sum(w[i] * v for i, v in enumerate(vs)), *trees)
 
 
-def test_round_equals_loop_and_evaluation_uses_the_next_rounds_models():
+@pytest.mark.parametrize("send_global", fedcp.SEND_GLOBAL)
+def test_round_equals_loop_and_evaluation_uses_the_next_rounds_models(send_global):
+    """send_global="participants" (PFLlib's): a client trains from, uploads a mix with, and is
+    evaluated with the global head and CPN it last received; "all": the server's latest."""
     chex.clear_trace_counter()
     data = toy_data(COUNTS)
-    alg = fedcp.build(MODEL, SPEC, clients_per_round=K, client_map="map", **OPTIONS)
+    options = {**OPTIONS, "send_global": send_global}
+    alg = fedcp.build(MODEL, SPEC, clients_per_round=K, client_map="map", **options)
     state = alg.init(jax.random.key(0), None, NUM)
     params, cpn = state.global_params["params"], state.cpn
     heads = [take(state.client_heads, i) for i in range(NUM)]
     contexts = [state.client_context[i] for i in range(NUM)]
+    held = [(params["head"], cpn)] * NUM  # each client's last received (W, CPN)
+    sat_out_and_returned, round0 = False, []
     chex.assert_trees_all_equal(heads[0], params["head"])  # W_i starts as the model's head
     assert np.all((np.asarray(state.client_context) >= 0) & (np.asarray(state.client_context) < 1))
     rnd = jax.jit(chex.assert_max_traces(alg.round, n=1))
@@ -104,37 +111,48 @@ def test_round_equals_loop_and_evaluation_uses_the_next_rounds_models():
         state, metrics = rnd(state, data, jax.random.key(3))
         sample_key, train_key = round_keys(jax.random.key(3), r)
         idx = [int(i) for i in sample_clients(sample_key, NUM, K)]
-        outs = {
-            i: loop_client(
-                params, cpn, heads[i], contexts[i], take(data.train, i), client_key(train_key, i), 2.0, 0.7
-            )
-            for i in idx
-        }
+        if send_global == "all":
+            held = [(params["head"], cpn)] * NUM
+        # a client that sat out round 0 and takes part in round 1 starts from stale ones
+        sat_out_and_returned |= r == 1 and any(i not in round0 for i in idx)
+        round0 = idx if r == 0 else round0
+        outs = {}
+        for i in idx:
+            start, key = {**params, "head": held[i][0]}, client_key(train_key, i)
+            outs[i] = loop_client(start, held[i][1], heads[i], contexts[i], take(data.train, i), key, 2, 0.7)
         w = np.asarray([COUNTS[i] for i in idx], np.float32) / sum(COUNTS[i] for i in idx)
-        uploads = [jax.tree.map(lambda p, g: 0.5 * p + 0.5 * g, outs[i]["head"], params["head"]) for i in idx]
+        uploads = [jax.tree.map(lambda p, g: 0.5 * p + 0.5 * g, outs[i]["head"], held[i][0]) for i in idx]
         params = {"hidden_0": weighted([outs[i]["body"] for i in idx], w), "head": weighted(uploads, w)}
         cpn = weighted([outs[i]["cpn"] for i in idx], w)
         for i in idx:
             heads[i], contexts[i] = outs[i]["head"], jnp.sum(outs[i]["head"]["kernel"], 1)
+            held[i] = (params["head"], cpn)
         chex.assert_trees_all_close(state.global_params["params"], params, rtol=1e-5, atol=1e-6)
         chex.assert_trees_all_close(state.cpn, cpn, rtol=1e-5, atol=1e-6)
         for i in range(NUM):
             chex.assert_trees_all_close(take(state.client_heads, i), heads[i], rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(state.client_context[i], contexts[i], rtol=1e-5, atol=1e-6)
+            if send_global == "participants":
+                chex.assert_trees_all_close(take(state.client_received, i), held[i], rtol=1e-5, atol=1e-6)
+    assert send_global == "all" or sat_out_and_returned  # the case that tells the two apart happened
+    if send_global == "all":
+        assert state.client_received is None
+        held = [(params["head"], cpn)] * NUM
     shared = (6 * D + D + D * 3 + 3 + D * 2 * D + 3 * 2 * D) * 4  # extractor + W + CPN; W_i stays
     assert metrics["bytes_up"] == metrics["bytes_down"] == K * shared
     assert float(metrics["mmd"]) > 0
 
     # Evaluation: the global extractor, W and CPN with each client's W_i and context; Gumbel noise
     # of test row j of client c from fold_in(fold_in(key, c), j), or none.
-    noiseless = fedcp.build(MODEL, SPEC, client_map="map", **OPTIONS, inference_noise=False)
+    noiseless = fedcp.build(MODEL, SPEC, client_map="map", **options, inference_noise=False)
     for model, noisy in ((alg, True), (noiseless, False)):
         scores = jax.jit(model.evaluate)(state, data, jax.random.key(5))
         for i in range(NUM):
             n = COUNTS[i]
             x, y = data.test.x[i, :n], np.asarray(data.test.y[i, :n])
             noise = ROW_NOISE(jax.random.fold_in(jax.random.key(5), i), n) if noisy else None
-            out, _ = ref_logits(params["hidden_0"], heads[i], params["head"], cpn, contexts[i], x, noise, 0.7)
+            w_head, w_cpn = held[i]
+            out, _ = ref_logits(params["hidden_0"], heads[i], w_head, w_cpn, contexts[i], x, noise, 0.7)
             out = np.asarray(out, np.float64)
             logp = out - np.log(np.exp(out).sum(1, keepdims=True))
             np.testing.assert_allclose(scores["loss"][i], -logp[np.arange(n), y].mean(), rtol=1e-5)
@@ -226,6 +244,10 @@ def test_bad_options():
         fedcp.build(MODEL, SPEC, initial_context="zeros")
     with pytest.raises(ValueError, match="inference_noise"):
         fedcp.build(MODEL, SPEC, inference_noise=1)
+    with pytest.raises(ValueError, match="send_global must be one of"):
+        fedcp.build(MODEL, SPEC, send_global="some")
+    with pytest.raises(ValueError, match="send_global='participants' cannot be used with client-level DP"):
+        fedcp.build(MODEL, SPEC, send_global="participants", privacy=ClientDP(1.0, 0.1))
     with pytest.raises(ValueError, match="cross_entropy"):
         fedcp.build(MODEL, SPEC._replace(loss="mse"))
     with pytest.raises(ValueError, match="weighting"):

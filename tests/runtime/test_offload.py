@@ -88,6 +88,15 @@ def test_an_option_that_keeps_to_the_participants_allows_host_storage(name, opti
     chex.assert_trees_all_close(host_state, device_state, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name, options", [("fedcp", {"send_global": "participants"})])
+def test_an_option_with_more_client_rows_gives_the_device_numbers(name, options):
+    """FedCP's per-client copies of the global head and CPN (`client_received`) are client rows too."""
+    device_state, (_, evaluations), host_state, out = run_both(make(name, **options))
+    chex.assert_trees_all_close(host_state, device_state, rtol=1e-5, atol=1e-6)
+    last = jax.tree.map(lambda x: x[-1], out.evaluation)
+    chex.assert_trees_all_close(last, evaluations[3], rtol=1e-5, atol=1e-6)
+
+
 def test_client_level_dp_draws_the_same_clipping_and_noise():
     device_state, (metrics, _), host_state, out = run_both(
         make("fedavg", privacy=ClientDP(1.0, 0.5)), rounds=2
