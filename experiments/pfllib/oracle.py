@@ -147,6 +147,7 @@ def linear_norm(rec: dict, prefix: str) -> dict:
 
 
 def stacked(trees: list) -> dict:
+    """Trees of numpy leaves stacked on a new leading (client) axis."""
     return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *trees)
 
 
@@ -171,13 +172,9 @@ def start_state(method: str, rec: dict, alg, clients: int):
         state = alg.init(
             jax.random.key(0), model_variables(rec, "start.client0.base", "start.client0.head_g"), clients
         )
-        heads = [
-            model_variables(rec, f"start.client{c}.model.base", f"start.client{c}.model.head")
-            for c in range(clients)
-        ]
         state = state._replace(
             cpn=jax.tree.map(jnp.asarray, linear_norm(rec, "start.client0.gate.cs.fc")),
-            client_heads=stacked([h["params"]["head"] for h in heads]),
+            client_heads=stacked([dense(rec, f"start.client{c}.model.head") for c in range(clients)]),
             client_context=jnp.asarray(
                 np.concatenate([rec[f"start.client{c}.attr.context"] for c in range(clients)])
             ),
