@@ -109,6 +109,7 @@ def test_rotation_trains_clients_r_to_r_plus_k(case):
         ),
         (["--method=gpfl", "--record=x", "--data=/", "--options=[1]"], "--options must be a JSON object"),
         (["--method=gpfx", "--record=x", "--data=/"], "--method=gpfx: value should be one of"),
+        (["--method=gpfl", f"--record={__file__}", "--data=/"], "--data=/: not a PFLlib dataset directory"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(args, message):

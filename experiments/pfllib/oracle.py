@@ -344,7 +344,10 @@ def main(argv):
     for name, flag in (("record", _RECORD), ("data", _DATA)):
         if not os.path.exists(flag.value):
             fail(f"--{name}={flag.value}: no such file or directory")
-    data = load_data(_DATA.value)
+    try:
+        data = load_data(_DATA.value)
+    except (OSError, KeyError, ValueError) as e:
+        fail(f"--data={_DATA.value}: not a PFLlib dataset directory (train/<i>.npz, test/<i>.npz): {e}")
     if _NO_GUMBEL.value:
         jax.random.gumbel = lambda key, shape=(), dtype=jnp.float32, *a, **k: jnp.zeros(shape, dtype)
     if _FIXED_DRAWS.value:
@@ -352,11 +355,14 @@ def main(argv):
     rec = dict(np.load(_RECORD.value))
     try:
         state, accs = run(_METHOD.value, rec, data, _LR.value, _EPOCHS.value, options, _ROTATE.value)
+        diffs = compared(_METHOD.value, rec, state, data)
     except (ValueError, TypeError) as e:  # a bad build option: one line
         fail(f"--options={_OPTIONS.value}: {e}")
+    except KeyError as e:
+        fail(f"--record={_RECORD.value} has no {e}: not a record of --method={_METHOD.value}'s PFLlib run")
     pfllib = np.round(rec["acc"], 4).tolist()
     print(json.dumps({"accuracy_pfllib": pfllib, "accuracy_pfljax": np.round(accs, 4).tolist()}))
-    for what, diff in compared(_METHOD.value, rec, state, data).items():
+    for what, diff in diffs.items():
         print(json.dumps({"method": _METHOD.value, "compared": what, "max_rel_diff": float(f"{diff:.3g}")}))
 
 
