@@ -33,42 +33,33 @@ def test_cut_takes_the_rows_default_rng_i_draws(tmp_path):
             np.testing.assert_array_equal(got["y"], source[split, c]["y"][pick])
 
 
-def test_flags_split_at_the_double_dash():
-    opts, main_args = pfllib_side.parse(
-        [
-            "--system=/s",
-            "record",
-            "--out=o.npz",
-            "--rotate=2",
-            "--no_gumbel",
-            "--",
-            "-algo",
-            "FedCP",
-            "-jr",
-            "0.67",
-        ]
-    )
-    assert (opts.mode, opts.out, opts.rotate, opts.no_gumbel, opts.cp_send_all) == (
-        "record",
-        "o.npz",
-        2,
-        True,
-        False,
-    )
+@pytest.fixture
+def system(tmp_path):
+    """A directory that looks like PFLlib's system/ (its main.py)."""
+    (tmp_path / "main.py").write_text("")
+    return str(tmp_path)
+
+
+def test_flags_split_at_the_double_dash(system):
+    argv = [f"--system={system}", "record", "--out=o.npz", "--rotate=2", "--no_gumbel"]
+    opts, main_args = pfllib_side.parse([*argv, "--", "-algo", "FedCP", "-jr", "0.67"])
+    assert (opts.mode, opts.out, opts.rotate) == ("record", "o.npz", 2)
+    assert opts.no_gumbel and not opts.cp_send_all
     assert main_args == ["-algo", "FedCP", "-jr", "0.67"]
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--system=/s", "record"], "record needs --out"),
-        (["--system=/s", "export_init"], "export_init needs --out_dir"),
-        (["--system=/s", "run", "--rotate=-1"], "--rotate must be >= 0"),
-        (["--system=/s", "train"], "invalid choice: 'train'"),
+        (["record"], "record needs --out"),
+        (["export_init"], "export_init needs --out_dir"),
+        (["run", "--rotate=-1"], "--rotate must be >= 0"),
+        (["train"], "invalid choice: 'train'"),
+        (["run", "--system=/nonexistent"], "--system=/nonexistent: no main.py there"),
     ],
 )
-def test_bad_flags_exit_2_naming_the_flag(argv, message, capsys):
+def test_bad_flags_exit_2_naming_the_flag(argv, message, system, capsys):
     with pytest.raises(SystemExit) as e:
-        pfllib_side.parse(argv)
+        pfllib_side.parse([f"--system={system}", *argv])
     assert e.value.code == 2
     assert message in capsys.readouterr().err

@@ -48,10 +48,18 @@ import numpy as np
 MODES = ("run", "record", "time", "export_init", "cut")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a bad flag as one line, `error: ...`, and exit code 2 (no usage block)."""
+
+    def error(self, message):
+        sys.stderr.write(f"error: {message}\n")
+        sys.exit(2)
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """(wrapper options, main.py's arguments: everything after `--`)."""
     own, main_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--system", required=True, help="PFLlib's system/ directory")
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("--seed", type=int, default=None, help="main.py's module-level seed (default 0)")
@@ -74,6 +82,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("export_init needs --out_dir")
     if opts.rotate < 0 or opts.threads < 1:
         parser.error("--rotate must be >= 0 and --threads >= 1")
+    if not os.path.isfile(os.path.join(opts.system, "main.py")):
+        parser.error(f"--system={opts.system}: no main.py there (PFLlib's system/ directory)")
     return opts, main_args
 
 
