@@ -45,8 +45,9 @@ Paper vs code (PFLlib's clientcp / servercp; the authors' FedCP repository has t
   evaluated with, the latest global head and CPN (what the server holds). PFLlib sends them to
   the round's participants only (the extractor to all): a client that sat out keeps the ones it
   last received, trains from them when it next takes part (its upload mixing its stale W) and is
-  evaluated with them: "participants" (each client's copy kept in the state, [C, ...]). The two
-  are the same under full participation (PFLlib's FMNIST protocol).
+  evaluated with them: "participants" (each client's copy kept in the state, [C, ...]; refused
+  with client-level DP, whose clipped updates need one common reference). The two are the same
+  under full participation (PFLlib's FMNIST protocol).
 - The optimizer is `local.optimizer`, fresh each round, over the extractor, personalized head
   and CPN (PFLlib's one persistent SGD over them: the same for plain SGD). BatchNorm
   statistics travel with the extractor (PFLlib averages parameters only); the frozen copy runs
