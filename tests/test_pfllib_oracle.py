@@ -82,6 +82,22 @@ def test_a_record_of_its_own_run_compares_at_rounding_and_a_change_shows(case):
     assert diffs["client 0 model"] < 1e-6
 
 
+def test_fedper_reads_the_base_from_the_server_and_the_heads_from_the_clients(case):
+    """PFLlib's FedPer: the server's global model is the base alone; each client holds its head."""
+    _, rec, data = case
+    state, _ = oracle.run("fedper", {**rec, "acc": np.zeros(1)}, data, 0.05, 1, {})
+    torch_names = to_torch(state.global_params)
+    final = {**rec, **{f"final.model.{k}": v for k, v in torch_names.items() if not k.startswith("fc.")}}
+    for c in range(3):
+        final[f"final.client{c}.head.weight"] = np.asarray(state.client_params["params/head/kernel"][c]).T
+        final[f"final.client{c}.head.bias"] = np.asarray(state.client_params["params/head/bias"][c])
+    diffs = oracle.compared("fedper", final, state, data)
+    assert set(diffs) == {"base"} | {f"client {c} head" for c in range(3)}
+    assert max(diffs.values()) < 1e-6
+    heads = np.asarray(state.client_params["params/head/kernel"])
+    assert np.abs(heads[0] - heads[1]).max() > 1e-4  # the heads did train apart
+
+
 def test_rotation_trains_clients_r_to_r_plus_k(case):
     """Round 0 trains clients 0 and 1, round 1 clients 1 and 2 (FedAMP start=own: a client
     that sits out keeps its model); the sampling is put back afterwards."""

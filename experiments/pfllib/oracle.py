@@ -55,6 +55,9 @@ MODEL = build_model(
 )
 # pfljax's options that follow PFLlib's code (its main.py flags of the record's run in comments)
 PFLLIB_OPTIONS = {
+    "fedavg": {},
+    "fedper": {},
+    "ditto": dict(lam=0.0, personal_epochs=1),  # -mu 0.0 -pls 1 (main.py's defaults)
     "gpfl": dict(lam=1.0, mu=0.0, guidance_norm="batch", conditional_inputs="local"),  # -lam 1.0 -mu 0.0
     "feddbe": dict(kappa=1.0, momentum=0.1),  # -klw 1.0 -mo 0.1
     "fedproto": dict(lam=1.0, weighting="uniform"),  # -lam 1.0
@@ -217,9 +220,29 @@ def gpfl_inputs(state, c: int, data: ClientData):
     return gpfl.conditions(state.previous_gce, shares)
 
 
+def pfllib_accuracies(method: str, rec: dict) -> np.ndarray:
+    """PFLlib's mean accuracy at the start of each round (Ditto's rs_test_acc interleaves the
+    global and the personalized models' evaluations: its personalized ones, pfljax's ditto's)."""
+    return rec["acc"][1::2] if method == "ditto" else rec["acc"]
+
+
 def compared(method: str, rec: dict, state, data: ClientData) -> dict:
     """{what: max relative difference} after the run."""
     out, clients = {}, int(data.train.count.shape[0])
+    if method in ("fedavg", "ditto"):
+        out["global model"] = max_rel(state.global_params, whole_model(rec, "final.model"))
+        for c in range(clients if method == "ditto" else 0):
+            want = whole_model(rec, f"final.client{c}.attr.model_per")
+            out[f"client {c} personalized model"] = max_rel(take(state.client_personal, c), want)
+        return out
+    if method == "fedper":  # PFLlib's global model is the base; the heads stay on the clients
+        want = model_variables(rec, "final.model", "final.client0.head")["params"]
+        body = {k: v for k, v in state.global_params["params"].items() if k != "head"}
+        out["base"] = max_rel(body, {k: want[k] for k in body})
+        for c in range(clients):
+            head = {leaf: state.client_params[f"params/head/{leaf}"][c] for leaf in ("kernel", "bias")}
+            out[f"client {c} head"] = max_rel(head, dense(rec, f"final.client{c}.head"))
+        return out
     if method == "gpfl":
         want = model_variables(rec, "final.server.attr.global_model", "final.client0.head")["params"]
         body = {k: v for k, v in state.global_params["params"].items() if k != "head"}
@@ -306,7 +329,7 @@ def run(method: str, rec: dict, data: ClientData, lr: float, epochs: int, option
     evaluate = jax.jit(alg.evaluate)
     accs, sample = [mean_accuracy(evaluate, state, data)], core_round.sample_clients
     try:
-        for r in range(len(rec["acc"])):
+        for r in range(len(pfllib_accuracies(method, rec))):
             if rotate:  # round r's participants, as PFLlib's with record --rotate (traced anew)
                 core_round.sample_clients = lambda key, n, k, r=r: jnp.sort((r + jnp.arange(k)) % n)
             step = jax.jit(lambda s, d, k: alg.round(s, d, k))  # a new function: traced with round r's ids
@@ -360,7 +383,7 @@ def main(argv):
         fail(f"--options={_OPTIONS.value}: {e}")
     except KeyError as e:
         fail(f"--record={_RECORD.value} has no {e}: not a record of --method={_METHOD.value}'s PFLlib run")
-    pfllib = np.round(rec["acc"], 4).tolist()
+    pfllib = np.round(pfllib_accuracies(_METHOD.value, rec), 4).tolist()
     print(json.dumps({"accuracy_pfllib": pfllib, "accuracy_pfljax": np.round(accs, 4).tolist()}))
     for what, diff in diffs.items():
         print(json.dumps({"method": _METHOD.value, "compared": what, "max_rel_diff": float(f"{diff:.3g}")}))
