@@ -33,7 +33,7 @@ from absl import app, flags
 
 from pfljax import algorithms
 from pfljax.core import round as core_round
-from pfljax.core.clients import take
+from pfljax.core.clients import stack, take
 from pfljax.core.local import LocalTraining
 from pfljax.core.types import ClientData
 from pfljax.data.federated import pad_clients
@@ -149,11 +149,6 @@ def linear_norm(rec: dict, prefix: str) -> dict:
     }
 
 
-def stacked(trees: list) -> dict:
-    """Trees of numpy leaves stacked on a new leading (client) axis."""
-    return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *trees)
-
-
 def max_rel(got, want) -> float:
     """The largest `rel` over the leaves of two trees of the same structure."""
     return max(jax.tree.leaves(jax.tree.map(rel, got, want)))
@@ -177,7 +172,7 @@ def start_state(method: str, rec: dict, alg, clients: int):
         )
         state = state._replace(
             cpn=jax.tree.map(jnp.asarray, linear_norm(rec, "start.client0.gate.cs.fc")),
-            client_heads=stacked([dense(rec, f"start.client{c}.model.head") for c in range(clients)]),
+            client_heads=stack([dense(rec, f"start.client{c}.model.head") for c in range(clients)]),
             client_context=jnp.asarray(
                 np.concatenate([rec[f"start.client{c}.attr.context"] for c in range(clients)])
             ),
@@ -187,7 +182,7 @@ def start_state(method: str, rec: dict, alg, clients: int):
                 (dense(rec, f"start.client{c}.head_g"), linear_norm(rec, f"start.client{c}.gate.cs.fc"))
                 for c in range(clients)
             ]
-            state = state._replace(client_received=stacked(held))
+            state = state._replace(client_received=stack(held))
         return state
     state = alg.init(jax.random.key(0), whole_model(rec, "init.model"), clients)
     if method == "fedgen":  # its Adam state stays the fresh one of init
@@ -293,7 +288,7 @@ def compared(method: str, rec: dict, state, data: ClientData) -> dict:
         out["extractor and global head"] = max_rel(state.global_params, want)
         out["CPN"] = max_rel(state.cpn, linear_norm(rec, "final.server.attr.cs.fc"))
         heads = [dense(rec, f"final.client{c}.model.head") for c in range(clients)]
-        out["personalized heads"] = max_rel(state.client_heads, stacked(heads))
+        out["personalized heads"] = max_rel(state.client_heads, stack(heads))
         contexts = np.concatenate([rec[f"final.client{c}.attr.context"] for c in range(clients)])
         out["contexts"] = rel(state.client_context, contexts)
         if state.client_received is not None:
