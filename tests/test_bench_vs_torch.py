@@ -18,6 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from experiments.bench.bench_vs_torch import (  # noqa: E402
+    CASES,
+    Options,
+    TorchSide,
     client_inputs,
     flax_to_torch_state,
     forward_flops,
@@ -177,3 +180,25 @@ def test_forward_flops_by_hand():
         kwargs={"embed": 8, "hidden": (256, 256), "last_only": False},
     )
     assert forward_flops("lstm", lstm) == 2 * 80 * (270336 + 524288 + 20480)
+
+
+def test_torch_side_in_its_own_process_runs_the_in_process_rounds(one_torch_thread):
+    """TorchSide's spawned process (the bench's torch timings) trains what torch_round does
+    here: same seed, data and shuffles, two rounds, states equal."""
+    sizes, opts = [3, 5], Options(lr=0.05)
+    with TorchSide("mlp", sizes, opts, threads=1) as torch_once:
+        seconds = [torch_once(), torch_once()]
+        theirs = torch_once.state()
+    assert all(s > 0 for s in seconds)
+    assert torch_once.process.exitcode == 0
+    spec = CASES["mlp"]
+    xs, ys = client_inputs(spec, sizes)
+    torch.manual_seed(0)
+    model = torch_model("mlp", spec)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    loaders = torch_loaders(xs, ys, spec["batch"])
+    for _ in range(2):
+        state = torch_round(model, state, loaders, sizes, opts.epochs, opts.lr, torch_loss(spec))
+    assert sorted(theirs) == sorted(state)
+    for k, v in state.items():
+        np.testing.assert_allclose(theirs[k], v.numpy(), rtol=1e-6, atol=1e-7, err_msg=k)

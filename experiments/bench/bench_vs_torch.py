@@ -7,9 +7,12 @@
 
 Needs PyTorch (`pip install -e .[bench]`); pfljax itself never imports it.
 
-For each case and client count, two rounds of the same work are timed in the
-same process, interleaved (pfljax, torch, pfljax, torch, ...), after one
-untimed warm-up round each (pfljax's includes compilation):
+For each case and client count, two rounds of the same work are timed,
+interleaved (pfljax, torch, pfljax, torch, ...), after one untimed warm-up round
+each (pfljax's includes compilation); pfljax runs in this process, torch in a
+spawned process of its own (`TorchSide`), so that neither side's threads or
+libraries change the other's time (oneDNN calls inside XLA programs slowed later
+torch rounds in the same process by up to 1.7x):
 
 - pfljax: `fedavg.build(...).round` jitted, every client's E local epochs in one
   XLA program (clients mapped by the library's "auto" strategy); with
@@ -527,15 +530,68 @@ def run_case(
     return run_impls(name, num_clients, split, peaks, opts, (impl,), devices)[0]
 
 
+class TorchSide:
+    """The torch loop of a case in a process of its own (spawned; torch.set_num_threads
+    `threads` there), timing one round per call: `with TorchSide(...) as torch_once:
+    seconds = torch_once()`; `torch_once.state()`: its global state_dict (numpy) so far. Its own process because oneDNN calls made inside XLA programs
+    slow later torch rounds in the same process (bench CNN, 10 clients: torch's round 0.40 s
+    after pfljax rounds with `conv_impl=im2col_nn`, 0.69 s after rounds with `onednn`)."""
+
+    def __init__(self, name: str, sizes: list[int], opts: Options, threads: int | None = None):
+        import multiprocessing
+
+        self.threads = FLAGS.torch_threads if threads is None else threads
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_torch_side, args=(child, name, sizes, opts, self.threads))
+
+    def __enter__(self):
+        self.process.start()
+        return self
+
+    def __call__(self) -> float:
+        self.conn.send("round")
+        return self.conn.recv()
+
+    def state(self) -> dict:
+        self.conn.send("state")
+        return self.conn.recv()
+
+    def __exit__(self, *exc):
+        self.conn.send("stop")
+        self.process.join()
+
+
+def _torch_side(conn, name: str, sizes: list[int], opts: Options, threads: int) -> None:
+    """TorchSide's process: the case's torch model (seed 0), data and loaders, then per
+    request one timed round or the state, until told to stop."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    spec = CASES[name]
+    xs, ys = client_inputs(spec, sizes)
+    torch.manual_seed(0)
+    model = torch_model(name, spec).to(torch_device())
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    loaders = torch_loaders(xs, ys, spec["batch"])
+    loss_fn = torch_loss(spec)
+    while (request := conn.recv()) != "stop":
+        if request == "state":
+            conn.send({k: v.cpu().numpy() for k, v in state.items()})
+            continue
+        t0 = time.perf_counter()
+        state = torch_round(model, state, loaders, sizes, opts.epochs, opts.lr, loss_fn)
+        conn.send(time.perf_counter() - t0)
+
+
 def run_impls(
     name: str, num_clients: int, split: str, peaks: dict, opts: Options, impls: tuple, devices: int = 1
 ) -> list[dict]:
     """A row per pfljax convolution in `impls` (conv cases; the lstm case: per char-LSTM impl;
-    others: one row), every repeat timing each impl's round then the torch round, so that all
-    rows share one torch timing and one stretch of the machine's load: before/after figures
-    from one run."""
-    import torch
-
+    others: one row), every repeat timing each impl's round then the torch round (TorchSide),
+    so that all rows share one torch timing and one stretch of the machine's load: before/after
+    figures from one run."""
     spec = CASES[name]
     rows = opts.rows or spec["rows"]
     sizes = client_sizes(num_clients, rows, split, spec["classes"], alpha=opts.alpha)
@@ -552,32 +608,21 @@ def run_impls(
         rnd, state, data = pfljax_round(model, local, ClientData(arrays, arrays), num_clients, devices)
         sides.append({"conv": conv, "model": model, "round": rnd, "state": state, "data": data, "times": []})
 
-    torch.manual_seed(0)
-    tmodel = torch_model(name, spec).to(torch_device())
-    gstate = {k: v.detach().clone() for k, v in tmodel.state_dict().items()}
-    loaders = torch_loaders(xs, ys, spec["batch"])
-    loss_fn = torch_loss(spec)
-
     def jax_once(side, i):
         t0 = time.perf_counter()
         side["state"], m = side["round"](side["state"], side["data"], jax.random.key(i))
         jax.block_until_ready((side["state"], m))
         return time.perf_counter() - t0
 
-    def torch_once():
-        nonlocal gstate
-        t0 = time.perf_counter()
-        gstate = torch_round(tmodel, gstate, loaders, sizes, opts.epochs, opts.lr, loss_fn)
-        return time.perf_counter() - t0
-
-    for side in sides:
-        side["compile_s"] = jax_once(side, 0)
-    torch_once()
-    tt = []
-    for r in range(opts.repeats):
+    with TorchSide(name, sizes, opts) as torch_once:
         for side in sides:
-            side["times"].append(jax_once(side, r + 1))
-        tt.append(torch_once())
+            side["compile_s"] = jax_once(side, 0)
+        torch_once()
+        tt = []
+        for r in range(opts.repeats):
+            for side in sides:
+                side["times"].append(jax_once(side, r + 1))
+            tt.append(torch_once())
     return [_row(name, spec, side, tt, sizes, split, opts, peaks, devices, local, arrays) for side in sides]
 
 
