@@ -185,8 +185,8 @@ def test_forward_flops_by_hand():
 def test_torch_side_in_its_own_process_runs_the_in_process_rounds(one_torch_thread):
     """TorchSide's spawned process (the bench's torch timings) trains what torch_round does
     here: same seed, data and shuffles, two rounds, states equal."""
-    sizes, opts = [3, 5], Options(lr=0.05)
-    with TorchSide("mlp", sizes, opts, threads=1) as torch_once:
+    sizes, opts = [3, 5], Options(lr=0.05, torch_threads=1)
+    with TorchSide("mlp", sizes, opts) as torch_once:
         seconds = [torch_once(), torch_once()]
         theirs = torch_once.state()
     assert all(s > 0 for s in seconds)

@@ -211,9 +211,14 @@ def _timed(fn) -> float:
 # ---------------------------------------------------------------- torch side
 
 
+_DEVICE: str | None = None  # set in TorchSide's process: the parent's torch_device()
+
+
 def torch_device():
     import torch
 
+    if _DEVICE:
+        return torch.device(_DEVICE)
     return torch.device("cuda" if torch.cuda.is_available() and jax.default_backend() == "gpu" else "cpu")
 
 
@@ -519,31 +524,40 @@ class Options(NamedTuple):
     alpha: float = 0.1
     conv_impl: str = "auto"  # pfljax's convolution (pfljax.models.conv.IMPLS) in the conv cases
     lstm_impl: str = "scan"  # how the char LSTM runs (pfljax.models.lstm.IMPLS) in the lstm case
+    torch_threads: int = 0  # torch.set_num_threads in the torch side's process (0: torch's default)
+
+
+def flag_options() -> Options:
+    """Options from the binary's flags."""
+    return Options(
+        FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha, torch_threads=FLAGS.torch_threads
+    )
 
 
 def run_case(
     name: str, num_clients: int, split: str, peaks: dict, opts: Options | None = None, devices: int = 1
 ) -> dict:
     """The JSON row of one case: pfljax (opts.conv_impl, or opts.lstm_impl) against the torch loop."""
-    opts = opts or Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha)
+    opts = opts or flag_options()
     impl = opts.lstm_impl if CASES[name]["model"] == "char_lstm" else opts.conv_impl
     return run_impls(name, num_clients, split, peaks, opts, (impl,), devices)[0]
 
 
 class TorchSide:
-    """The torch loop of a case in a process of its own (spawned; torch.set_num_threads
-    `threads` there), timing one round per call: `with TorchSide(...) as torch_once:
-    seconds = torch_once()`; `torch_once.state()`: its global state_dict (numpy) so far. Its own process because oneDNN calls made inside XLA programs
-    slow later torch rounds in the same process (bench CNN, 10 clients: torch's round 0.40 s
-    after pfljax rounds with `conv_impl=im2col_nn`, 0.69 s after rounds with `onednn`)."""
+    """The torch loop of a case in a process of its own (spawned; `opts.torch_threads`, the
+    parent's torch_device()), timing one round per call: `with TorchSide(...) as torch_once:
+    seconds = torch_once()`; `torch_once.state()`: its global state_dict (numpy) so far.
+    Its own process because oneDNN calls made inside XLA programs slow later torch rounds in
+    the same process (bench CNN, 10 clients: torch's round 0.40 s after pfljax rounds with
+    `conv_impl=im2col_nn`, 0.69 s after rounds with `onednn`)."""
 
-    def __init__(self, name: str, sizes: list[int], opts: Options, threads: int | None = None):
+    def __init__(self, name: str, sizes: list[int], opts: Options):
         import multiprocessing
 
-        self.threads = FLAGS.torch_threads if threads is None else threads
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_torch_side, args=(child, name, sizes, opts, self.threads))
+        device = str(torch_device())
+        self.process = context.Process(target=_torch_side, args=(child, name, sizes, opts, device))
 
     def __enter__(self):
         self.process.start()
@@ -562,13 +576,16 @@ class TorchSide:
         self.process.join()
 
 
-def _torch_side(conn, name: str, sizes: list[int], opts: Options, threads: int) -> None:
+def _torch_side(conn, name: str, sizes: list[int], opts: Options, device: str) -> None:
     """TorchSide's process: the case's torch model (seed 0), data and loaders, then per
-    request one timed round or the state, until told to stop."""
+    request one timed round or the state, until told to stop. JAX stays unused here (its
+    GPU backend would take the device's memory)."""
     import torch
 
-    if threads:
-        torch.set_num_threads(threads)
+    global _DEVICE
+    _DEVICE = device
+    if opts.torch_threads:
+        torch.set_num_threads(opts.torch_threads)
     spec = CASES[name]
     xs, ys = client_inputs(spec, sizes)
     torch.manual_seed(0)
@@ -703,7 +720,7 @@ def main(argv):
         flush=True,
     )
     splits = ["equal", "dirichlet"] if FLAGS.split == "both" else [FLAGS.split]
-    opts = Options(FLAGS.rows, FLAGS.epochs, FLAGS.repeats, FLAGS.lr, FLAGS.alpha)
+    opts = flag_options()
     for name in FLAGS.cases:
         for split in splits:
             for c in FLAGS.clients:
