@@ -572,7 +572,8 @@ class TorchSide:
         return self.conn.recv()
 
     def __exit__(self, *exc):
-        self.conn.send("stop")
+        if self.process.is_alive():  # a process that failed has printed its traceback already
+            self.conn.send("stop")
         self.process.join()
 
 
