@@ -13,14 +13,19 @@ The layers hold flax's `OptimizedLSTMCell` parameters (`lstm_{k}/i{g}/kernel`,
 initialised by that cell. `impl` picks how they run:
 
 - "scan" (default): `lstm_layer`, time-major. The input projections of all time
-  steps are one [T*B, in] x [in, 4H] matmul before the time loop, the loop does one
-  [B, H] x [H, 4H] matmul a step with the four gates' kernels side by side, and
-  `lstm_recurrence`'s custom VJP runs the backward loop with one [B, 4H] x [4H, H]
-  matmul a step and leaves the recurrent kernel's gradient to one [H, T*B] x [T*B, 4H]
-  matmul after it (JAX's own transpose of the loop would add a step's outer product
-  to that gradient inside the loop, 80 times). On XLA:CPU this trains about twice as
-  fast as "flax". Reverse mode only: a JVP through it (forward-over-reverse, e.g.
-  Per-FedAvg's Hessian-vector products) is refused by JAX; use "flax" there.
+  steps are one [T*B, in] x [in, 4H] matmul before the time loop; a step is one
+  [B, H] x [H, 4H] matmul (the four gates' kernels side by side) and one elementwise
+  pass over its [B, 4H] gates (XLA:CPU runs each small operation of a step as a task
+  of its own, so their number sets the loop's overhead). Training keeps the gates and
+  cells of every step; `lstm_scan`'s custom VJP computes, before the backward
+  loop, everything it needs from them over all steps at once, runs the loop with one
+  [B, 4H] x [4H, H] matmul and one elementwise pass a step, and leaves the weight
+  gradients to two-dimensional matmuls over all T*B rows after it (JAX's own transpose
+  of the loop would add a step's outer product to the recurrent kernel's gradient
+  inside the loop, 80 times). On XLA:CPU this trains about twice as fast as "flax",
+  and its inference is as fast (`python -m experiments.bench.bench_lstm`). Reverse
+  mode only: a JVP through it (forward-over-reverse, e.g. Per-FedAvg's Hessian-vector
+  products) is refused by JAX; use "flax" there.
 - "flax": flax's `nn.RNN(nn.OptimizedLSTMCell)`, every derivative.
 
 Both compute the same function of the same parameters (equal to float32 rounding;
@@ -40,22 +45,29 @@ GATES = ("i", "f", "g", "o")
 IMPLS = ("scan", "flax")
 
 
-def _activate(z: jax.Array, hidden: int) -> tuple[jax.Array, ...]:
-    """The gates (i, f, g, o) from the pre-activations [..., 4H] (columns in that order)."""
-    i, f, g, o = (z[..., k * hidden : (k + 1) * hidden] for k in range(4))
-    return jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
+def _activate(z: jax.Array, hidden: int) -> jax.Array:
+    """The gates [..., 4H] (i, f, g, o side by side) from their pre-activations in one
+    elementwise pass: sigmoid on i, f, o, tanh on g."""
+    is_g = lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1) // hidden == 2
+    return jnp.where(is_g, jnp.tanh(z), jax.nn.sigmoid(z))
+
+
+def _split(gates: jax.Array, hidden: int) -> tuple[jax.Array, ...]:
+    """(i, f, g, o) [..., H] from the gates side by side [..., 4H]."""
+    return tuple(gates[..., k * hidden : (k + 1) * hidden] for k in range(4))
 
 
 def _forward(xp: jax.Array, wh: jax.Array, keep: bool):
-    """The time loop: hs [T, B, H]; with `keep` also the cells cs and the gates (i, f, g, o)."""
+    """The time loop: hs [T, B, H]; with `keep` the gates [T, B, 4H] and the cells cs instead."""
     hidden = wh.shape[0]
 
     def step(carry, zx):
         c, h = carry
-        i, f, g, o = _activate(zx + h @ wh, hidden)
+        gates = _activate(zx + h @ wh, hidden)
+        i, f, g, o = _split(gates, hidden)
         c = f * c + i * g
         h = o * jnp.tanh(c)
-        return (c, h), (h, c, (i, f, g, o)) if keep else h
+        return (c, h), (gates, c) if keep else h
 
     zero = jnp.zeros(xp.shape[1:-1] + (hidden,), xp.dtype)
     return lax.scan(step, (zero, zero), xp)[1]
@@ -76,28 +88,37 @@ def lstm_scan(x: jax.Array, wi: jax.Array, wh: jax.Array, bias: jax.Array) -> ja
 
 
 def _scan_fwd(x, wi, wh, bias):
-    hs, cs, gates = _forward(_project(x, wi, bias), wh, keep=True)
+    gates, cs = _forward(_project(x, wi, bias), wh, keep=True)
+    hs = _split(gates, wh.shape[0])[3] * jnp.tanh(cs)  # after the loop: one pass over [T, B, H]
     return hs, (x, hs, cs, gates, wi, wh)
 
 
 def _scan_bwd(residuals, dhs):
-    x, hs, cs, (i, f, g, o), wi, wh = residuals
+    x, hs, cs, gates, wi, wh = residuals
+    hidden = wh.shape[0]
+    i, f, g, o = _split(gates, hidden)
     cprev = jnp.concatenate([jnp.zeros_like(cs[:1]), cs[:-1]])
+    tc = jnp.tanh(cs)
+    # Everything the loop needs from the forward pass, as passes over all time steps before
+    # it: dc_t = dc_{t+1} f_{t+1} + dh_t dh_to_dc_t, and dz_t = [dc_t, dc_t, dc_t, dh_t] * local_t.
+    dh_to_dc = o * (1 - tc * tc)
+    local = jnp.concatenate([g * i * (1 - i), cprev * f * (1 - f), i * (1 - g * g), tc * o * (1 - o)], -1)
     wh_t = wh.T
 
     def step(carry, inputs):
         dh_next, dc_next = carry
-        dh_out, c, c_prev, i, f, g, o = inputs
+        dh_out, dh_to_dc_t, local_t, f_t = inputs
         dh = dh_out + dh_next
-        tc = jnp.tanh(c)
-        dc = dc_next + dh * o * (1 - tc * tc)
-        dz = jnp.concatenate(
-            [dc * g * i * (1 - i), dc * c_prev * f * (1 - f), dc * i * (1 - g * g), dh * tc * o * (1 - o)], -1
-        )
-        return (dz @ wh_t, dc * f), dz
+        dc = dc_next + dh * dh_to_dc_t
+        # [dc, dc, dc, dh] by a select over the gate index (a concatenate here is not fused).
+        lead = dc.shape[:-1]
+        gate = lax.broadcasted_iota(jnp.int32, lead + (4, hidden), len(lead))
+        upstream = jnp.where(gate < 3, dc[..., None, :], dh[..., None, :])
+        dz = (upstream * local_t.reshape(lead + (4, hidden))).reshape(lead + (4 * hidden,))
+        return (dz @ wh_t, dc * f_t), dz
 
     zero = jnp.zeros_like(hs[0])
-    _, dz = lax.scan(step, (zero, zero), (dhs, cs, cprev, i, f, g, o), reverse=True)
+    _, dz = lax.scan(step, (zero, zero), (dhs, dh_to_dc, local, f), reverse=True)
     # The weight gradients as two-dimensional matmuls over all T * B rows at once (XLA:CPU
     # runs the three-dimensional contractions 2-3x slower).
     rows = dz.reshape(-1, dz.shape[-1])
