@@ -62,7 +62,7 @@ def main(argv):
     for impl in impls:
         row = {"impl": impl, "clients": FLAGS.clients, "batch": FLAGS.batch, "backend": jax.default_backend()}
         for name, seconds in times[impl].items():
-            row[f"{name}_s"] = statistics.median(seconds)
+            row[f"{name}_s"] = round(statistics.median(seconds), 5)
             row[f"{name}_all_s"] = seconds
         print(json.dumps(row), flush=True)
 
