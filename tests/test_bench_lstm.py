@@ -29,7 +29,7 @@ def test_one_client_one_window_prints_a_row_per_impl():
 
 def test_bad_flags_get_one_line_and_exit_2():
     for flag, words in (
-        ("--impls=scan,cudnn", "--impls takes values from scan, flax"),
+        ("--impls=scan,cudnn", "--impls takes values from auto, scan, flax, onednn"),
         ("--clients=0", "--clients"),
     ):
         proc = _run(flag)

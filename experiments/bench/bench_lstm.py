@@ -1,6 +1,6 @@
 """The char LSTM's ways of running (`pfljax.models.lstm.IMPLS`): inference and one training step.
 
-    python -m experiments.bench.bench_lstm [--impls=scan,flax] [--clients=10] [--batch=10]
+    python -m experiments.bench.bench_lstm [--impls=scan,flax,onednn] [--clients=10] [--batch=10]
         [--repeats=15]
 
 The Shakespeare model of `bench_vs_torch`'s lstm case (80-character windows, embedding 8,
@@ -68,7 +68,11 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    flags.DEFINE_list("impls", list(IMPLS), f"ways of running the LSTM to compare, from {', '.join(IMPLS)}")
+    flags.DEFINE_list(
+        "impls",
+        [i for i in IMPLS if i != "auto"],
+        f"ways of running the LSTM to compare, from {', '.join(IMPLS)}",
+    )
     flags.DEFINE_integer("clients", 10, "clients, each with its own parameters", lower_bound=1)
     flags.DEFINE_integer("batch", 10, "windows per client", lower_bound=1)
     flags.DEFINE_integer("repeats", 15, "timed runs of each program", lower_bound=1)

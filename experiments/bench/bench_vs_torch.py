@@ -22,7 +22,7 @@ torch rounds in the same process by up to 1.7x):
   (`--devices=1,2`: a row for each in the same process, the largest count forced);
   `--conv_impl=im2col,auto`: a row per convolution (pfljax.models.conv.IMPLS) in the
   conv cases, their rounds interleaved with each other and the torch round (before/after
-  figures from one run, sharing one torch timing); `--lstm_impl=flax,scan` likewise a row
+  figures from one run, sharing one torch timing); `--lstm_impl=scan,auto` likewise a row
   per way of running the char LSTM (pfljax.models.lstm.IMPLS) in the `lstm` case;
 - torch: what FL-bench and PFLlib do: for each client in turn, load the global
   weights into the model, make a fresh `torch.optim.SGD`, run E epochs over the
@@ -72,6 +72,7 @@ from pfljax.experiment.cli import fail, missing_package, parse_flags
 from pfljax.models import build_model
 from pfljax.models.conv import IMPLS, ONEDNN_MISSING, resolve_impl, runs_here
 from pfljax.models.lstm import IMPLS as LSTM_IMPLS
+from pfljax.models.lstm import resolve_impl as resolve_lstm_impl
 from pfljax.models.weights import layer_order
 from pfljax.runtime.sharding import ShardedMap, client_mesh, shard_algorithm, use_cpu_devices
 
@@ -200,6 +201,26 @@ def torch_matmul_peak(n: int = 2048, repeats: int = 5) -> float:
     _sync()
     best = min(_timed(lambda: (a @ a, _sync())) for _ in range(repeats))
     return 2 * n**3 / best / 1e9
+
+
+def _torch_peak_of(device: str, threads: int) -> float:
+    global _DEVICE
+    _DEVICE = device
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    return torch_matmul_peak()
+
+
+def torch_matmul_peak_apart(threads: int = 0) -> float:
+    """torch_matmul_peak in a spawned process, so that this one never runs torch's kernels: its
+    OpenMP threads, once started here, share their libgomp with the oneDNN calls of the XLA
+    programs (one libgomp.so.1 per process) and made the char LSTM's oneDNN round 2-4x slower."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_torch_peak_of, (str(torch_device()), threads))
 
 
 def _timed(fn) -> float:
@@ -523,7 +544,7 @@ class Options(NamedTuple):
     lr: float = 0.01
     alpha: float = 0.1
     conv_impl: str = "auto"  # pfljax's convolution (pfljax.models.conv.IMPLS) in the conv cases
-    lstm_impl: str = "scan"  # how the char LSTM runs (pfljax.models.lstm.IMPLS) in the lstm case
+    lstm_impl: str = "auto"  # how the char LSTM runs (pfljax.models.lstm.IMPLS) in the lstm case
     torch_threads: int = 0  # torch.set_num_threads in the torch side's process (0: torch's default)
 
 
@@ -654,7 +675,11 @@ def _row(name, spec, side, tt, sizes, split, opts, peaks, devices, local, arrays
         "case": name,
         "conv_impl": conv.get("conv_impl"),
         "conv_resolved": resolve_impl(conv["conv_impl"]) if "conv_impl" in conv else None,
-        **({"lstm_impl": conv["impl"]} if "impl" in conv else {}),
+        **(
+            {"lstm_impl": conv["impl"], "lstm_resolved": resolve_lstm_impl(conv["impl"])}
+            if "impl" in conv
+            else {}
+        ),
         "devices": devices,
         "clients": len(sizes),
         "split": split if split == "equal" else f"dirichlet{opts.alpha}",
@@ -699,7 +724,7 @@ def main(argv):
     for name in FLAGS.cases:
         if name not in CASES:
             raise app.UsageError(f"--cases must be among {sorted(CASES)}, got {name!r}")
-    peaks = {"jax": jax_matmul_peak(), "torch": torch_matmul_peak()}
+    peaks = {"jax": jax_matmul_peak(), "torch": torch_matmul_peak_apart(FLAGS.torch_threads)}
     print(
         json.dumps(
             {
@@ -753,13 +778,19 @@ def define_flags():
     flags.register_validator("conv_impl", lambda impls: all(map(runs_here, impls)), ONEDNN_MISSING)
     flags.DEFINE_list(
         "lstm_impl",
-        ["scan"],
+        ["auto"],
         f"the char LSTM's way of running in the lstm case, a row per value: {', '.join(LSTM_IMPLS)}",
     )
     flags.register_validator(
         "lstm_impl",
         lambda impls: set(impls) <= set(LSTM_IMPLS),
         f"--lstm_impl must be among {', '.join(LSTM_IMPLS)}",
+    )
+    flags.register_validator(
+        "lstm_impl",
+        lambda impls: "onednn" not in impls or runs_here("onednn"),
+        "--lstm_impl 'onednn': oneDNN cannot be built here (needs g++ and libdnnl-dev; "
+        "pfljax.models.onednn.unavailable_reason() says why)",
     )
     flags.DEFINE_list(
         "devices", ["1"], "pfljax: shard the clients over D devices, a row per D (CPU: host devices forced)"

@@ -40,7 +40,6 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from absl import logging
 
 from pfljax.models import onednn
 
@@ -92,7 +91,7 @@ def resolve_impl(impl: str) -> str:
         return impl
     backend = jax.default_backend()
     if backend == "cpu":
-        return "onednn" if _onednn_or_why() else "im2col_nn"
+        return "onednn" if onednn.available_or_log() else "im2col_nn"
     return {"tpu": "native"}.get(backend, "im2col")
 
 
@@ -106,18 +105,6 @@ def runs_here(impl: str) -> bool:
     """Whether conv impl `impl` can run in this process (the binaries' flag check): all but
     'onednn' always; 'onednn' where `pfljax.models.onednn` could be built (else ONEDNN_MISSING)."""
     return impl != "onednn" or onednn.available()
-
-
-@functools.cache
-def _onednn_or_why() -> bool:
-    """Whether oneDNN's convolutions are available; logs why not, once."""
-    if onednn.available():
-        return True
-    logging.info(
-        "conv_impl 'auto' on CPU: im2col_nn, oneDNN's convolutions are not available: %s",
-        onednn.unavailable_reason(),
-    )
-    return False
 
 
 def _pads(padding: str, kernel: Sequence[int]) -> list[tuple[int, int]]:

@@ -1,22 +1,26 @@
-"""oneDNN's convolutions inside XLA:CPU programs, built on first use.
+"""oneDNN's convolutions and LSTM layers inside XLA:CPU programs, built on first use.
 
 XLA:CPU (jaxlib 0.10) runs a convolution's gradients inside the local-training loop through
-Eigen or as im2col matmuls (see `pfljax.models.conv`); oneDNN, the library PyTorch's CPU
-convolutions call, runs them 2-3x faster. `onednn_conv.cc` wraps oneDNN's three products
-(forward, input gradient, kernel gradient; float32, NHWC / HWIO) as XLA FFI handlers. On first
+Eigen or as im2col matmuls (see `pfljax.models.conv`), and an LSTM as one small task per
+operation of every time step (see `pfljax.models.lstm`); oneDNN, the library PyTorch's CPU
+convolutions and LSTMs call, runs them faster. `onednn.cc` wraps oneDNN's three convolution
+products (forward, input gradient, kernel gradient; float32, NHWC / HWIO) and its LSTM layer
+(inference, training forward, backward; float32, time-major) as XLA FFI handlers. On first
 use it is compiled against jaxlib's FFI headers and the system's oneDNN (Debian / Ubuntu:
 `apt-get install g++ libdnnl-dev`; CXX, CPATH and LIBRARY_PATH are honoured) into
 `cache_dir()`, once per source and jaxlib version, under a file lock (parallel test workers
 build it once). Where that fails, `available()` is False, `unavailable_reason()` says why, and
-`conv_impl="auto"` keeps `im2col_nn`. oneDNN's OpenMP threads per call: the process's cores
-shared among its CPU devices (`threads_per_call`; with `--cpu_devices=2` on 2 cores, one each:
-without that, two devices' teams of two threads on two cores made rounds 2-3x slower).
+`conv_impl="auto"` keeps `im2col_nn` (`CharLSTM(impl="auto")` keeps "scan"). oneDNN's OpenMP
+threads per call: the process's cores shared among its CPU devices (`threads_per_call`; with
+`--cpu_devices=2` on 2 cores, one each: without that, two devices' teams of two threads on two
+cores made rounds 2-3x slower).
 
 `conv2d` has a custom VJP whose gradients are oneDNN's; each of the three products has a custom
 JVP (each is bilinear), so forward-over-reverse (Per-FedAvg's Hessian-vector product) works.
-Reverse-over-reverse and a JVP of the output are refused by JAX. Under `vmap` every call runs
-once per mapped element (`vmap_method="sequential"`), which is what clients with their own
-kernels need.
+Reverse-over-reverse and a JVP of the output are refused by JAX. `lstm` has a custom VJP
+(oneDNN's backward, from the workspace its training forward leaves); reverse mode only. Under
+`vmap` every call runs once per mapped element (`vmap_method="sequential"`), which is what
+clients with their own weights need.
 """
 
 from __future__ import annotations
@@ -34,13 +38,17 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
+from absl import logging
 
-SOURCE = Path(__file__).with_name("onednn_conv.cc")
+SOURCE = Path(__file__).with_name("onednn.cc")
 # FFI target name -> symbol in the built library.
 TARGETS = {
     "pfljax_onednn_conv_forward": "PfljaxConvForward",
     "pfljax_onednn_conv_input_grad": "PfljaxConvInputGrad",
     "pfljax_onednn_conv_kernel_grad": "PfljaxConvKernelGrad",
+    "pfljax_onednn_lstm_inference": "PfljaxLstmInference",
+    "pfljax_onednn_lstm_training": "PfljaxLstmTraining",
+    "pfljax_onednn_lstm_backward": "PfljaxLstmBackward",
 }
 
 
@@ -63,11 +71,11 @@ def build() -> Path:
     compiler = _compiler()
     key = hashlib.sha256(SOURCE.read_bytes() + f"{jaxlib.__version__} {compiler}".encode()).hexdigest()[:16]
     directory = cache_dir()
-    library = directory / f"onednn_conv-{key}.so"
+    library = directory / f"onednn-{key}.so"
     if library.exists():
         return library
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "onednn_conv.lock", "w") as lock:
+    with open(directory / "onednn.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if library.exists():  # built by another process while this one waited
             return library
@@ -118,13 +126,25 @@ def threads_per_call() -> int:
 
 
 def available() -> bool:
-    """Whether oneDNN's convolutions could be built and loaded in this process."""
+    """Whether oneDNN's convolutions and LSTM could be built and loaded in this process."""
     return not _load()
 
 
 def unavailable_reason() -> str:
     """Why `available()` is False ('' when it is True)."""
     return _load()
+
+
+@functools.cache
+def available_or_log() -> bool:
+    """`available()`, logging why not, once (the "auto" impls' choice on CPU)."""
+    if available():
+        return True
+    logging.info(
+        "oneDNN is not available (conv_impl 'auto' runs im2col_nn, CharLSTM impl 'auto' runs scan): %s",
+        unavailable_reason(),
+    )
+    return False
 
 
 def _call(target: str, shape, *operands, window):
@@ -208,3 +228,61 @@ def conv2d(x: jax.Array, kernel: jax.Array, strides, pads) -> jax.Array:
 def _share_cores() -> None:
     """Once JAX's devices exist (at the first trace): each call's OpenMP threads."""
     _library().PfljaxOnednnSetThreads(threads_per_call())
+
+
+# ---------------------------------------------------------------- LSTM
+
+
+@functools.cache
+def _workspace_bytes(steps: int, batch: int, width: int, hidden: int) -> int:
+    bytes_ = _library().PfljaxLstmWorkspaceBytes
+    bytes_.restype = ctypes.c_int64
+    size = bytes_(*(ctypes.c_int64(v) for v in (steps, batch, width, hidden)))
+    if size < 0:
+        raise ValueError(f"oneDNN refuses an LSTM layer of {steps} steps, batch {batch}, {width} -> {hidden}")
+    return size
+
+
+def _lstm_call(target: str, shapes, *operands):
+    results = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+    return jax.ffi.ffi_call(target, results, vmap_method="sequential")(*operands)
+
+
+@jax.custom_vjp
+def _lstm(x, wi, wh, bias):
+    (hs,) = _lstm_call(
+        "pfljax_onednn_lstm_inference", [(x.shape[:2] + wh.shape[:1], jnp.float32)], x, wi, wh, bias
+    )
+    return hs
+
+
+def _lstm_fwd(x, wi, wh, bias):
+    steps, batch, width = x.shape
+    shapes = [
+        ((steps, batch, wh.shape[0]), jnp.float32),
+        ((_workspace_bytes(steps, batch, width, wh.shape[0]),), jnp.uint8),
+    ]
+    hs, workspace = _lstm_call("pfljax_onednn_lstm_training", shapes, x, wi, wh, bias)
+    return hs, (x, wi, wh, bias, hs, workspace)
+
+
+def _lstm_bwd(residuals, dhs):
+    x, wi, wh, bias, hs, workspace = residuals
+    shapes = [(a.shape, jnp.float32) for a in (x, wi, wh, bias)]
+    return tuple(_lstm_call("pfljax_onednn_lstm_backward", shapes, x, wi, wh, bias, hs, workspace, dhs))
+
+
+_lstm.defvjp(_lstm_fwd, _lstm_bwd)
+
+
+def lstm(x: jax.Array, wi: jax.Array, wh: jax.Array, bias: jax.Array) -> jax.Array:
+    """Hidden states hs [T, B, H] of one LSTM layer from zero state on time-major inputs
+    x [T, B, in] (float32): input kernel wi [in, 4H], recurrent kernel wh [H, 4H] and bias [4H],
+    the gates (i, f, g, o) side by side, as `pfljax.models.lstm.lstm_scan` takes them; by oneDNN
+    (see the module docstring)."""
+    if not available():
+        raise RuntimeError(f"LSTM impl 'onednn' is not available: {unavailable_reason()}")
+    if any(a.dtype != jnp.float32 for a in (x, wi, wh, bias)):
+        raise ValueError("LSTM impl 'onednn' takes float32 only")
+    _share_cores()
+    return _lstm(x, wi, wh, bias)

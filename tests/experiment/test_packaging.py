@@ -47,7 +47,7 @@ def test_wheel_ships_configs_and_console_scripts_that_run_anywhere(tmp_path):
     (wheel,) = (tmp_path / "dist").iterdir()
     names = zipfile.ZipFile(wheel).namelist()
     assert "pfljax/experiment/configs/federico_fmnist.py" in names
-    assert "pfljax/models/onednn_conv.cc" in names  # built on first use by pfljax.models.onednn
+    assert "pfljax/models/onednn.cc" in names  # built on first use by pfljax.models.onednn
     assert "pfljax/py.typed" in names  # PEP 561: type checkers read pfljax's annotations
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith("experiments/") for n in names)  # the repository's scripts stay out

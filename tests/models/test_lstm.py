@@ -1,5 +1,6 @@
-"""The char LSTM: output shapes, a FedAvg round on it (vmapped) against a per-client loop, and its
-"scan" impl against flax's nn.RNN(OptimizedLSTMCell) on the same parameters."""
+"""The char LSTM: output shapes, a FedAvg round on it (vmapped; impl "auto") against a per-client
+loop, and its "scan" and "onednn" impls against flax's nn.RNN(OptimizedLSTMCell) on the same
+parameters."""
 
 import chex
 import jax
@@ -14,8 +15,8 @@ from pfljax.core.local import LocalTraining, make_local_train
 from pfljax.core.losses import get_loss
 from pfljax.core.types import ClientData
 from pfljax.data import pool_clients
-from pfljax.models import build_model
-from pfljax.models.lstm import CharLSTM, lstm_scan
+from pfljax.models import build_model, onednn
+from pfljax.models.lstm import CharLSTM, lstm_scan, resolve_impl
 
 COUNTS = (5, 3, 7)
 MODEL = build_model("char_lstm", (5,), 80, embed=4, hidden=(8,))
@@ -165,3 +166,37 @@ def test_unknown_impl_is_refused():
     x, _ = _padded_batch()
     with pytest.raises(ValueError, match="impl must be one of"):
         CharLSTM(**TINY, impl="cudnn").init(jax.random.key(0), x)
+
+
+# ------------------------------------------------ impl "onednn" and "auto"
+
+needs_onednn = pytest.mark.skipif(not onednn.available(), reason=f"oneDNN: {onednn.unavailable_reason()}")
+
+
+@needs_onednn
+@pytest.mark.parametrize("last_only", [True, False])
+def test_onednn_equals_flax_outputs_and_gradients(last_only):
+    x, y = _padded_batch()
+    ours, theirs = (CharLSTM(**TINY, last_only=last_only, impl=impl) for impl in ("onednn", "flax"))
+    params = _params(ours, x)
+    loss = get_loss("cross_entropy" if last_only else "token_cross_entropy")
+    y = y[:, -1] if last_only else y
+    outs = [jax.jit(m.apply)({"params": params}, x) for m in (ours, theirs)]
+    grads = [
+        jax.jit(jax.grad(lambda p, m=m: jnp.mean(loss.per_example(m.apply({"params": p}, x), y))))(params)
+        for m in (ours, theirs)
+    ]
+    chex.assert_trees_all_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+def test_auto_is_onednn_on_cpu_where_available_else_scan(monkeypatch):
+    on_cpu = jax.default_backend() == "cpu"
+    assert resolve_impl("auto") == ("onednn" if on_cpu and onednn.available() else "scan")
+    assert resolve_impl("flax") == "flax"
+    monkeypatch.setattr(onednn, "_load", lambda: "no oneDNN here")
+    onednn.available_or_log.cache_clear()
+    try:
+        assert resolve_impl("auto") == "scan"
+    finally:
+        onednn.available_or_log.cache_clear()

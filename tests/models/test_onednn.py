@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pfljax.models import build_model, conv, onednn
+from pfljax.models import build_model, onednn
 from pfljax.models.conv import conv2d, resolve_impl
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason=f"oneDNN: {onednn.unavailable_reason()}")
@@ -127,7 +127,7 @@ def test_build_reuses_the_cached_library(monkeypatch):
 def test_build_failures_say_why(tmp_path, monkeypatch):
     monkeypatch.setenv("PFLJAX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "false")  # a "compiler" that fails
-    with pytest.raises(OSError, match="building onednn_conv.cc failed"):
+    with pytest.raises(OSError, match="building onednn.cc failed"):
         onednn.build()
     assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob("*.tmp"))
     monkeypatch.delenv("CXX")
@@ -138,11 +138,91 @@ def test_build_failures_say_why(tmp_path, monkeypatch):
 
 def test_auto_without_onednn_is_im2col_nn(monkeypatch):
     monkeypatch.setattr(onednn, "_load", lambda: "no oneDNN here")
-    conv._onednn_or_why.cache_clear()
+    onednn.available_or_log.cache_clear()
     try:
         expected = {"tpu": "native", "cpu": "im2col_nn"}.get(jax.default_backend(), "im2col")
         assert resolve_impl("auto") == expected
         with pytest.raises(RuntimeError, match="no oneDNN here"):
             onednn.conv2d(jnp.ones((1, 4, 4, 1)), jnp.ones((3, 3, 1, 1)), (1, 1), ((1, 1), (1, 1)))
     finally:
-        conv._onednn_or_why.cache_clear()
+        onednn.available_or_log.cache_clear()
+
+
+# ---------------------------------------------------------------- LSTM
+
+
+def _lstm64(x, wi, wh, b):
+    """The LSTM recurrence written plainly, in float64 (the oracle): gates i, f, g, o side by side."""
+    hidden = wh.shape[0]
+
+    def step(carry, xt):
+        c, h = carry
+        z = xt @ wi + h @ wh + b[None]
+        i, f, g, o = (z[:, k * hidden : (k + 1) * hidden] for k in range(4))
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (c, h), h
+
+    zero = jnp.zeros((x.shape[1], hidden), x.dtype)
+    return jax.lax.scan(step, (zero, zero), x)[1]
+
+
+def _lstm_case(seed, steps, batch, width, hidden, scale=1.0):
+    keys = jax.random.split(jax.random.key(seed), 5)
+    x = scale * jax.random.normal(keys[0], (steps, batch, width))
+    wi = jax.random.normal(keys[1], (width, 4 * hidden)) / np.sqrt(width)
+    wh = jax.random.normal(keys[2], (hidden, 4 * hidden)) / np.sqrt(hidden)
+    b = 0.5 * jax.random.normal(keys[3], (4 * hidden,))
+    cot = jax.random.normal(keys[4], (steps, batch, hidden))
+    return (x, wi, wh, b), cot
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    "steps,batch,width,hidden,scale", [(1, 2, 3, 4, 1.0), (6, 3, 5, 8, 3.0), (20, 4, 16, 32, 1.0)]
+)
+def test_onednn_lstm_equals_a_float64_loop(steps, batch, width, hidden, scale):
+    """Values and all four gradients; with one step the recurrent kernel's gradient is zero (a
+    zero initial state), which oneDNN 2.6 got wrong when that state was left out."""
+    args, cot = _lstm_case(steps, steps, batch, width, hidden, scale)
+    hs = jax.jit(onednn.lstm)(*args)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(onednn.lstm(*a) * cot), argnums=(0, 1, 2, 3)))(*args)
+    with jax.enable_x64(True):
+        args64 = [jnp.asarray(np.asarray(a, np.float64)) for a in args]
+        cot64 = jnp.asarray(np.asarray(cot, np.float64))
+        hs64 = _lstm64(*args64)
+        grads64 = jax.grad(lambda *a: jnp.sum(_lstm64(*a) * cot64), argnums=(0, 1, 2, 3))(*args64)
+        grads64 = [np.asarray(g) for g in grads64]
+    np.testing.assert_allclose(hs, np.asarray(hs64), rtol=1e-5, atol=1e-6)
+    for g, g64 in zip(grads, grads64):
+        assert g.shape == g64.shape and g.dtype == jnp.float32
+        np.testing.assert_allclose(g, g64, rtol=1e-4, atol=1e-5)
+    if steps == 1:
+        assert not np.any(np.asarray(grads[2]))
+
+
+@needs_onednn
+def test_onednn_lstm_under_vmap_equals_a_loop():
+    """Clients vmapped (each its own weights and inputs) == one at a time, bit for bit."""
+    cases = [_lstm_case(seed, 7, 3, 5, 8)[0] for seed in range(3)]
+    stacked = [jnp.stack(parts) for parts in zip(*cases)]
+    cot = jax.random.normal(jax.random.key(9), (7, 3, 8))
+
+    def grad(*a):
+        return jax.grad(lambda *a: jnp.sum(onednn.lstm(*a) * cot), argnums=(0, 1, 2, 3))(*a)
+
+    chex.assert_trees_all_equal(
+        jax.jit(jax.vmap(onednn.lstm))(*stacked), jnp.stack([jax.jit(onednn.lstm)(*c) for c in cases])
+    )
+    looped = [jax.jit(grad)(*c) for c in cases]
+    chex.assert_trees_all_equal(
+        jax.jit(jax.vmap(grad))(*stacked), jax.tree.map(lambda *g: jnp.stack(g), *looped)
+    )
+
+
+@needs_onednn
+def test_onednn_lstm_refuses_other_dtypes_and_reports_its_workspace():
+    (x, wi, wh, b), _ = _lstm_case(0, 4, 2, 3, 4)
+    with pytest.raises(ValueError, match="float32"):
+        onednn.lstm(x.astype(jnp.bfloat16), wi, wh, b)
+    assert onednn._workspace_bytes(80, 10, 256, 256) >= 80 * 10 * 4 * 256 * 4  # at least the gates
