@@ -12,7 +12,8 @@ The layers hold flax's `OptimizedLSTMCell` parameters (`lstm_{k}/i{g}/kernel`,
 `lstm_{k}/h{g}/kernel`, `lstm_{k}/h{g}/bias` for the gates g in i, f, g, o) and are
 initialised by that cell. `impl` picks how they run:
 
-- "auto" (default): "onednn" on CPU where oneDNN can be built, else "scan".
+- "auto" (default): "onednn" on CPU where oneDNN can be built and a CPU device has two or more
+  cores, else "scan" (`resolve_impl`).
 - "onednn": oneDNN's LSTM primitive (forward and backward, what PyTorch's CPU LSTM runs) as
   XLA custom calls (`pfljax.models.onednn.lstm`), time-major; float32 (other dtypes run
   "scan"). On a 2-core CPU a Shakespeare round trains about 1.3x faster than "scan"
@@ -55,12 +56,15 @@ IMPLS = ("auto", "scan", "flax", "onednn")
 
 
 def resolve_impl(impl: str) -> str:
-    """'auto' -> 'onednn' on CPU where oneDNN can be built (`pfljax.models.onednn`), else 'scan'."""
+    """'auto' -> 'onednn' on CPU where oneDNN can be built (`pfljax.models.onednn`) and each call
+    has two or more cores (`onednn.threads_per_call`), else 'scan': on one core oneDNN's LSTM
+    is slower than "scan" (one CPU device per core, `--cpu_devices=2` on 2 cores)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl != "auto":
         return impl
-    return "onednn" if jax.default_backend() == "cpu" and onednn.available_or_log() else "scan"
+    on_cpu = jax.default_backend() == "cpu" and onednn.threads_per_call() >= 2
+    return "onednn" if on_cpu and onednn.available_or_log() else "scan"
 
 
 def _activate(z: jax.Array, hidden: int) -> jax.Array:

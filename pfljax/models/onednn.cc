@@ -232,7 +232,8 @@ ffi::Error KernelGrad(F32 x, F32 dy, F32Result dk, Window window) {
 // the custom call, every new calling thread starts a team of its own while the last caller's team
 // still spins, and the cores are oversubscribed (a layer's gradient took 10-33 ms instead of 7).
 // Run on one of these threads, the same team serves every call. A caller takes the first idle
-// worker (one per concurrent caller: several CPU devices run their clients at the same time).
+// worker (one per concurrent caller: several CPU devices run their clients at the same time);
+// with one thread a call there is no team, and the call runs on the caller's thread.
 class Worker {
  public:
   Worker() : thread_([this] { Loop(); }) { thread_.detach(); }
@@ -271,6 +272,10 @@ class Worker {
 };
 
 void RunOnWorker(const std::function<void()>& job) {
+  if (threads_per_call.load() == 1) {  // no team to keep: run on the caller's thread
+    job();
+    return;
+  }
   static std::mutex mutex;
   static auto* workers = new std::vector<std::unique_ptr<Worker>>();
   Worker* worker = nullptr;
@@ -483,6 +488,7 @@ ffi::Error LstmBackward(F32 x, F32 wi, F32 wh, F32 bias, F32 hs, U8 workspace, F
 // The bytes of oneDNN's training workspace for one layer (-1 where oneDNN refuses the sizes).
 extern "C" int64_t PfljaxLstmWorkspaceBytes(int64_t steps, int64_t batch, int64_t width, int64_t hidden) {
   try {
+    ShareCores();  // oneDNN sizes a primitive's work for the calling thread's OpenMP threads
     return static_cast<int64_t>(
         GetLstmPlan(LstmKind::kTraining, LstmGeometry{steps, batch, width, hidden})->workspace.get_size());
   } catch (const dnnl::error&) {

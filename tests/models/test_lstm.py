@@ -190,10 +190,13 @@ def test_onednn_equals_flax_outputs_and_gradients(last_only):
     chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
 
 
-def test_auto_is_onednn_on_cpu_where_available_else_scan(monkeypatch):
-    on_cpu = jax.default_backend() == "cpu"
+def test_auto_is_onednn_on_cpu_with_two_cores_a_call_else_scan(monkeypatch):
+    on_cpu = jax.default_backend() == "cpu" and onednn.threads_per_call() >= 2
     assert resolve_impl("auto") == ("onednn" if on_cpu and onednn.available() else "scan")
     assert resolve_impl("flax") == "flax"
+    with monkeypatch.context() as one_core:  # a CPU device per core: scan
+        one_core.setattr(onednn, "threads_per_call", lambda: 1)
+        assert resolve_impl("auto") == "scan"
     monkeypatch.setattr(onednn, "_load", lambda: "no oneDNN here")
     onednn.available_or_log.cache_clear()
     try:
