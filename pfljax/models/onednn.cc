@@ -136,17 +136,21 @@ std::shared_ptr<Plan> MakePlan(Kind kind, const Geometry& g) {
   return plan;
 }
 
-std::shared_ptr<Plan> GetPlan(Kind kind, const Geometry& g) {
+// The plan of `kind` for geometry `g`, made by `make(kind, g)` once per process and kept.
+template <typename Kind_, typename Geometry_, typename Make>
+auto CachedPlan(Kind_ kind, const Geometry_& g, Make make) -> decltype(make(kind, g)) {
   static std::mutex mutex;
-  static auto* plans = new std::unordered_map<std::string, std::shared_ptr<Plan>>();
+  static auto* plans = new std::unordered_map<std::string, decltype(make(kind, g))>();
   std::string key = g.Key(kind);
   std::lock_guard<std::mutex> lock(mutex);
   auto found = plans->find(key);
   if (found != plans->end()) return found->second;
-  auto plan = MakePlan(kind, g);
+  auto plan = make(kind, g);
   plans->emplace(key, plan);
   return plan;
 }
+
+std::shared_ptr<Plan> GetPlan(Kind kind, const Geometry& g) { return CachedPlan(kind, g, MakePlan); }
 
 // Per-thread memory of at least `desc`'s size (index 0: the reordered kernel or input weights,
 // 1: the scratchpad; the LSTM's 2: reordered recurrent weights, 3: zero state, 4 and 5: the
@@ -396,15 +400,7 @@ std::shared_ptr<LstmPlan> MakeLstmPlan(LstmKind kind, const LstmGeometry& g) {
 }
 
 std::shared_ptr<LstmPlan> GetLstmPlan(LstmKind kind, const LstmGeometry& g) {
-  static std::mutex mutex;
-  static auto* plans = new std::unordered_map<std::string, std::shared_ptr<LstmPlan>>();
-  std::string key = g.Key(kind);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto found = plans->find(key);
-  if (found != plans->end()) return found->second;
-  auto plan = MakeLstmPlan(kind, g);
-  plans->emplace(key, plan);
-  return plan;
+  return CachedPlan(kind, g, MakeLstmPlan);
 }
 
 using U8 = ffi::Buffer<ffi::U8>;
@@ -461,7 +457,7 @@ ffi::Error RunLstm(LstmKind kind, F32 x, F32 wi, F32 wh, F32 bias, float* hs, ui
     }
     plan->primitive.execute(stream, args);
     stream.wait();
-  } catch (const dnnl::error& e) {
+  } catch (const std::exception& e) {  // oneDNN's errors, and allocation failures on the worker
     failure = e.what();
   }
   });
