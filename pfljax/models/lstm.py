@@ -16,7 +16,7 @@ initialised by that cell. `impl` picks how they run:
   cores, else "scan" (`resolve_impl`).
 - "onednn": oneDNN's LSTM primitive (forward and backward, what PyTorch's CPU LSTM runs) as
   XLA custom calls (`pfljax.models.onednn.lstm`), time-major; float32 (other dtypes run
-  "scan"). On a 2-core CPU a Shakespeare round trains about 1.3x faster than "scan"
+  "scan"). On a 2-core CPU a Shakespeare round trains 1.2-1.5x faster than "scan"
   (`python -m experiments.bench.bench_vs_torch --cases=lstm --lstm_impl=scan,onednn`). Its
   training keeps oneDNN's workspace, about 4x the gates and cells that "scan" keeps (16 MB a
   layer for 10 windows of 80 characters, 256 units). Reverse mode only, as "scan".
