@@ -162,13 +162,14 @@ memory Buffer(int index, const memory::desc& desc) {
   return memory(desc, Engine(), buffer.data());
 }
 
-// Runs one convolution product. `input`, `kernel` and `output` are the NHWC input (or its
-// gradient), the HWIO kernel (or its gradient) and the NHWC output (or its gradient).
+// The calling thread's OpenMP threads: this call's share of the cores.
 void ShareCores() {
   int threads = threads_per_call.load();
   if (threads > 0 && omp_get_max_threads() != threads) omp_set_num_threads(threads);
 }
 
+// Runs one convolution product. `input`, `kernel` and `output` are the NHWC input (or its
+// gradient), the HWIO kernel (or its gradient) and the NHWC output (or its gradient).
 ffi::Error Run(Kind kind, const Geometry& g, float* input, float* kernel, float* output) {
   try {
     ShareCores();

@@ -226,3 +226,25 @@ def test_onednn_lstm_refuses_other_dtypes_and_reports_its_workspace():
     with pytest.raises(ValueError, match="float32"):
         onednn.lstm(x.astype(jnp.bfloat16), wi, wh, b)
     assert onednn._workspace_bytes(80, 10, 256, 256) >= 80 * 10 * 4 * 256 * 4  # at least the gates
+
+
+@needs_onednn
+def test_onednn_lstm_on_one_thread_a_call_equals_the_shared_run():
+    """With one OpenMP thread a call (a CPU device per core) the LSTM runs on the caller's thread
+    instead of the library's worker: same values and gradients."""
+    args, cot = _lstm_case(5, 9, 3, 6, 16)
+
+    def run():
+        hs = jax.jit(onednn.lstm)(*args)
+        grads = jax.jit(jax.grad(lambda *a: jnp.sum(onednn.lstm(*a) * cot), argnums=(0, 1, 2, 3)))(*args)
+        return hs, grads
+
+    shared = run()
+    library = onednn._library()
+    library.PfljaxOnednnSetThreads(1)
+    try:
+        jax.clear_caches()
+        single = run()
+    finally:
+        library.PfljaxOnednnSetThreads(onednn.threads_per_call())
+    chex.assert_trees_all_close(single, shared, rtol=1e-5, atol=1e-6)
